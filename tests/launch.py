@@ -1,0 +1,39 @@
+"""Launching real multi-process jobs with horovodrun from the tests."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+BIN = os.path.dirname(sys.executable)
+HOROVODRUN = os.path.join(BIN, "horovodrun")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+
+
+def horovodrun(np_, script, *args, hosts=None, timeout=300, env=None):
+    """Runs `script` on np_ local workers; returns the CompletedProcess (output in .stdout)."""
+    hosts = hosts or f"localhost:{np_}"
+    cmd = [HOROVODRUN, "--gloo", "-np", str(np_), "-H", hosts, sys.executable, script, *args]
+    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
+    start = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, env=full_env, cwd=REPO)
+    proc.elapsed = time.time() - start
+    return proc
+
+
+def processes_running(marker: str):
+    """Processes whose command line mentions `marker` (to prove nothing was left behind)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(marker in part for part in (p.info["cmdline"] or [])):
+                found.append(p.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found

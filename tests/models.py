@@ -1,0 +1,81 @@
+"""Small single-device training graphs shared by the tests and their reference runs."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+IN, HIDDEN, OUT = 6, 8, 3
+VOCAB, EMB = 20, 4
+OPTIMIZERS = {
+    "sgd": lambda s: tf1.train.GradientDescentOptimizer(0.1 * s),
+    "momentum": lambda s: tf1.train.MomentumOptimizer(0.05 * s, 0.9),
+    "adam": lambda s: tf1.train.AdamOptimizer(0.01 * s),
+    "adagrad": lambda s: tf1.train.AdagradOptimizer(0.1 * s),
+}
+
+
+def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=True,
+          init_seed=None, batch=None):
+    """An MLP (optionally with an embedding input) and its training step.
+
+    Returns (graph, handles) where handles has x, y, ids (or None), loss, train_op.
+    `init_seed` seeds the random initialisers (different seeds per worker show the broadcast).
+    A summed loss gets a 16x smaller learning rate, so it trains instead of diverging.
+    """
+    g = tf.Graph()
+    with g.as_default():
+        if init_seed is not None:
+            tf1.set_random_seed(init_seed)
+        x = tf1.placeholder(tf.float32, [batch, IN], name="x")
+        y = tf1.placeholder(tf.float32, [batch, OUT], name="y")
+        h = x
+        ids = None
+        if sparse:
+            ids = tf1.placeholder(tf.int32, [batch], name="ids")
+            emb = tf1.get_variable("emb", [VOCAB, IN], use_resource=use_resource,
+                                   initializer=tf1.random_normal_initializer(stddev=0.5))
+            h = h + tf.nn.embedding_lookup(emb, ids)
+        w1 = tf1.get_variable("w1", [IN, HIDDEN], use_resource=use_resource)
+        b1 = tf1.get_variable("b1", [HIDDEN], use_resource=use_resource,
+                              initializer=tf1.random_normal_initializer(stddev=0.1))
+        w2 = tf1.get_variable("w2", [HIDDEN, OUT], use_resource=use_resource)
+        out = tf.matmul(tf.tanh(tf.matmul(h, w1) + b1), w2)
+        per_example = tf.reduce_sum(tf.square(out - y), axis=1)
+        loss = tf.reduce_mean(per_example) if reduce == "mean" else tf.reduce_sum(per_example)
+        opt = OPTIMIZERS[optimizer](1.0 if reduce == "mean" else 1.0 / 16)
+        step = tf1.train.get_or_create_global_step()
+        grads_and_vars = opt.compute_gradients(loss)
+        if clip is not None:
+            grads, variables = zip(*grads_and_vars)
+            grads, _ = tf.clip_by_global_norm(grads, clip)
+            grads_and_vars = list(zip(grads, variables))
+        train_op = opt.apply_gradients(grads_and_vars, global_step=step)
+    return g, dict(x=x, y=y, ids=ids, loss=loss, train_op=train_op)
+
+
+def batches(steps, global_batch, seed=0):
+    """Deterministic data: per step (x, y, ids) for the whole (concatenated) batch."""
+    rng = np.random.RandomState(seed)
+    out = []
+    for _ in range(steps):
+        x = rng.randn(global_batch, IN).astype(np.float32)
+        y = rng.randn(global_batch, OUT).astype(np.float32)
+        # Few ids: duplicates within and across workers.
+        ids = rng.randint(0, VOCAB // 2, size=global_batch).astype(np.int32)
+        out.append((x, y, ids))
+    return out
+
+
+def feed(handles, x, y, ids):
+    fd = {handles["x"]: x, handles["y"]: y}
+    if handles["ids"] is not None:
+        fd[handles["ids"]] = ids
+    return fd
+
+
+def variable_values(sess, graph):
+    """{variable op name: value} for every global variable (slots and step included)."""
+    variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+    return dict(zip([v.op.name for v in variables], sess.run(variables)))

@@ -1,0 +1,132 @@
+"""Data-parallel training with N real processes equals single-device training.
+
+Every scenario runs under `horovodrun -np N` (one launch per N runs them all); each worker
+starts from different random values, so the runner's broadcast must make them equal. After
+K steps every variable (optimizer slots and global step included) on every worker must
+equal a single-device run on the concatenated batch that started from worker 0's values.
+
+Tolerance: fp32, rtol=1e-5 and atol=1e-6. Gradients summed in another order (per worker,
+then across workers) differ in the last bits; nothing else may differ.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import models
+from launch import TESTS, horovodrun
+
+RTOL, ATOL = 1e-5, 1e-6
+STEPS, BATCH = 4, 8
+
+
+def sc(name, model, config=None):
+    return {"name": name, "model": model, "config": config or {}, "steps": STEPS, "batch": BATCH}
+
+
+SCENARIOS_2 = [
+    sc("sgd_average", {"optimizer": "sgd"}),
+    sc("sgd_sum", {"optimizer": "sgd", "reduce": "sum"}, {"average_dense": False}),
+    sc("momentum_average", {"optimizer": "momentum"}, {"run_mode": "AR"}),
+    sc("momentum_sum", {"optimizer": "momentum", "reduce": "sum"}, {"average_dense": False}),
+    sc("adam_average", {"optimizer": "adam"}),
+    sc("adam_sum", {"optimizer": "adam", "reduce": "sum"}, {"average_dense": False}),
+    sc("sgd_clip", {"optimizer": "sgd", "clip": 0.05}),
+    sc("adam_clip", {"optimizer": "adam", "clip": 0.05}),
+    sc("momentum_ref_variables", {"optimizer": "momentum", "use_resource": False}),
+    sc("sparse_sgd_allgather", {"optimizer": "sgd", "sparse": True}, {"run_mode": "AR"}),
+    sc("sparse_adam_allgather", {"optimizer": "adam", "sparse": True}, {"run_mode": "AR"}),
+    sc("sparse_adagrad_sum", {"optimizer": "adagrad", "sparse": True, "reduce": "sum"},
+       {"run_mode": "AR", "average_dense": False, "average_sparse": False}),
+    sc("sparse_adam_clip", {"optimizer": "adam", "sparse": True, "clip": 0.05},
+       {"run_mode": "AR"}),
+]
+SCENARIOS_3 = [
+    sc("sgd_average", {"optimizer": "sgd"}),
+    sc("momentum_sum", {"optimizer": "momentum", "reduce": "sum"}, {"average_dense": False}),
+    sc("adam_clip", {"optimizer": "adam", "clip": 0.05}),
+    sc("sparse_adam_allgather", {"optimizer": "adam", "sparse": True}, {"run_mode": "AR"}),
+]
+
+
+def _launch(tmp_path_factory, n, scenarios):
+    out = tmp_path_factory.mktemp(f"equivalence{n}")
+    spec = out / "scenarios.json"
+    spec.write_text(json.dumps(scenarios))
+    proc = horovodrun(n, os.path.join(TESTS, "workers", "equivalence.py"), str(spec), str(out))
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def results2(tmp_path_factory):
+    return _launch(tmp_path_factory, 2, SCENARIOS_2)
+
+
+@pytest.fixture(scope="module")
+def results3(tmp_path_factory):
+    return _launch(tmp_path_factory, 3, SCENARIOS_3)
+
+
+def single_device(scenario, n, init):
+    """Trains the scenario's graph on one device with the concatenated batch."""
+    graph, h = models.build(**scenario["model"])
+    with graph.as_default():
+        variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for v in variables:
+                v.load(init[v.op.name], sess)
+            losses = []
+            for x, y, ids in models.batches(scenario["steps"], scenario["batch"] * n):
+                loss, _ = sess.run([h["loss"], h["train_op"]], feed_dict=models.feed(h, x, y, ids))
+                losses.append(loss)
+            return models.variable_values(sess, graph), losses
+
+
+def check(out_dir, scenario, n):
+    ranks = [np.load(os.path.join(out_dir, scenario["name"], f"rank{r}.npz")) for r in range(n)]
+    names = [k[len("init/"):] for k in ranks[0].files if k.startswith("init/")]
+    init0 = {k: ranks[0][f"init/{k}"] for k in names}
+    # The broadcast made every worker start from worker 0's values, exactly.
+    for r in ranks[1:]:
+        for k in names:
+            np.testing.assert_array_equal(r[f"init/{k}"], init0[k], err_msg=f"init {k}")
+    expected, losses = single_device(scenario, n, init0)
+    assert set(expected) == set(names)
+    for r, data in enumerate(ranks):
+        for k in names:
+            np.testing.assert_allclose(data[f"final/{k}"], expected[k], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{scenario['name']}: {k} on worker {r}")
+    # Training moved the variables (the comparison is not between two untouched copies).
+    moved = [k for k in names if not np.allclose(expected[k], init0[k])]
+    assert "w1" in moved and "global_step" in moved
+    assert int(expected["global_step"]) == scenario["steps"]
+    return ranks
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS_2, ids=[s["name"] for s in SCENARIOS_2])
+def test_two_workers_equal_single_device(results2, scenario):
+    ranks = check(results2, scenario, 2)
+    plan = json.loads(str(ranks[0]["plan"]))
+    routes = {v["name"]: v["route"] for v in plan["variables"]}
+    assert routes["w1"] == "allreduce"
+    if scenario["model"].get("sparse"):
+        assert routes["emb"] == "allgather"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS_3, ids=[s["name"] for s in SCENARIOS_3])
+def test_three_workers_equal_single_device(results3, scenario):
+    check(results3, scenario, 3)
+
+
+def test_clipping_is_active_and_needs_the_combined_gradient(results2):
+    """The clip scenarios only prove something if clipping changes the result."""
+    scenario = next(s for s in SCENARIOS_2 if s["name"] == "sgd_clip")
+    init = {k[len("init/"):]: v for k, v in
+            np.load(os.path.join(results2, "sgd_clip", "rank0.npz")).items() if k.startswith("init/")}
+    clipped, _ = single_device(scenario, 2, init)
+    unclipped, _ = single_device({**scenario, "model": {"optimizer": "sgd"}}, 2, init)
+    assert not np.allclose(clipped["w1"], unclipped["w1"], rtol=RTOL, atol=ATOL)

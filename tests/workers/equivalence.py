@@ -1,0 +1,55 @@
+"""Runs training scenarios as one worker of a horovodrun job and saves every variable.
+
+usage: horovodrun -np N -H localhost:N python equivalence.py SCENARIOS_JSON OUT_DIR
+Each scenario: {"name", "model": kwargs of models.build, "config": kwargs of tfpar.Config,
+"steps", "batch"}. Writes OUT_DIR/<name>/rank<r>.npz with init/ and final/ values.
+"""
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import models  # noqa: E402
+import tfpar  # noqa: E402
+
+tf.compat.v1.disable_eager_execution()
+
+
+def main(scenarios_path, out_dir):
+    with open(scenarios_path) as f:
+        scenarios = json.load(f)
+    session_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                              inter_op_parallelism_threads=2)
+    for sc in scenarios:
+        rank = int(os.environ.get("HOROVOD_RANK", "0"))
+        # Different initial values per worker: the runner must broadcast worker 0's.
+        graph, h = models.build(init_seed=100 + rank, **sc["model"])
+        config = tfpar.Config(session_config=session_config, **sc["config"])
+        with tfpar.get_runner(graph, sc.get("resources"), config) as runner:
+            variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            names = [v.op.name for v in variables]
+            init = runner.run(variables)
+            b = sc["batch"]
+            lo, hi = runner.worker_id * b, (runner.worker_id + 1) * b
+            losses = []
+            for x, y, ids in models.batches(sc["steps"], b * runner.num_workers):
+                loss, _ = runner.run([h["loss"], h["train_op"]],
+                                     feed_dict=models.feed(h, x[lo:hi], y[lo:hi], ids[lo:hi]))
+                losses.append(loss)
+            final = runner.run(variables)
+            d = os.path.join(out_dir, sc["name"])
+            os.makedirs(d, exist_ok=True)
+            arrays = {f"init/{n}": v for n, v in zip(names, init)}
+            arrays.update({f"final/{n}": v for n, v in zip(names, final)})
+            arrays["losses"] = np.array(losses)
+            arrays["plan"] = np.array(runner.plan.to_json())
+            np.savez(os.path.join(d, f"rank{runner.worker_id}.npz"), **arrays)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

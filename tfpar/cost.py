@@ -1,0 +1,16 @@
+"""Communication cost model: bytes each worker sends plus receives per training step.
+
+Formulas from Parallax (EuroSys'19) section 3.1, Table 3, for ring collectives as in NCCL
+and Gloo; w is a variable's size in bytes, N the number of workers.
+"""
+from __future__ import annotations
+
+
+def allreduce_bytes(w: float, n: int) -> float:
+    """Ring allreduce: 2(N-1) steps sending and receiving w/N each: 4w(N-1)/N."""
+    return 4.0 * w * (n - 1) / n if n > 1 else 0.0
+
+
+def allgather_bytes(per_worker: float, n: int) -> float:
+    """Ring allgather of `per_worker` bytes from each worker: N-1 steps in and out: 2s(N-1)."""
+    return 2.0 * per_worker * (n - 1) if n > 1 else 0.0

@@ -1,0 +1,75 @@
+"""The running job: Horovod start-up, the job's layout, sessions and the initial broadcast.
+
+No graph decisions here; only what a process needs to take part in the job.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import List
+
+import numpy as np
+import tensorflow as tf
+
+from tfpar.resources import Layout, job_layout
+
+_HOST_BYTES = 256
+
+
+def horovod():
+    """Horovod's TensorFlow module, initialised (a lone process is a job of size 1)."""
+    import horovod.tensorflow as hvd
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd
+
+
+def hostname() -> str:
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+
+
+def current_layout() -> Layout:
+    """The layout of the running job (every rank's host, gathered from all ranks)."""
+    hvd = horovod()
+    if hvd.size() == 1:
+        return job_layout([hostname()])
+    buf = np.zeros(_HOST_BYTES, np.uint8)
+    raw = hostname().encode()[:_HOST_BYTES]
+    buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+    g = tf.Graph()
+    with g.as_default():
+        gathered = hvd.allgather(tf.constant(buf[None, :]), name="tfpar_layout_hostnames")
+        with tf.compat.v1.Session(graph=g) as sess:
+            rows = sess.run(gathered)
+    names: List[str] = [bytes(r).rstrip(b"\0").decode() for r in rows]
+    return job_layout(names)
+
+
+def session_config(user_config=None) -> "tf.compat.v1.ConfigProto":
+    """The user's ConfigProto (or a default), with one GPU per process pinned by local rank."""
+    config = tf.compat.v1.ConfigProto()
+    if user_config is not None:
+        config.CopyFrom(user_config)
+    if tf.config.list_physical_devices("GPU") and not config.gpu_options.visible_device_list:
+        config.gpu_options.visible_device_list = str(horovod().local_rank())
+        config.gpu_options.allow_growth = True
+    return config
+
+
+def broadcast_op(graph: tf.Graph, root_rank: int = 0):
+    """An op that sets every variable of `graph` to its value on `root_rank`."""
+    hvd = horovod()
+    with graph.as_default():
+        variables = (graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                     + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES))
+        with tf.compat.v1.name_scope("tfpar/broadcast"):
+            if hvd.size() == 1 or not variables:
+                return tf.no_op()
+            return hvd.broadcast_variables(variables, root_rank)
+
+
+def init_op(graph: tf.Graph):
+    with graph.as_default(), tf.compat.v1.name_scope("tfpar/init"):
+        return tf.group(tf.compat.v1.global_variables_initializer(),
+                        tf.compat.v1.local_variables_initializer(),
+                        tf.compat.v1.tables_initializer())

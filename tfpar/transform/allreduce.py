@@ -1,0 +1,54 @@
+"""The AR rewrite: combine every worker's raw gradients with Horovod collectives.
+
+Each collective is inserted between the raw gradient (what `tf.gradients` produced) and all
+of its consumers, so post-processing such as clipping by global norm sees the combined
+gradient exactly as single-device training on the concatenated batch would.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict
+
+import tensorflow as tf
+
+from tfpar.plan import Plan
+from tfpar.transform import surgery
+
+
+def apply_allreduce(graph: tf.Graph, plan: Plan) -> Dict[str, str]:
+    """Rewrites `graph` in place for the plan's allreduce and allgather routes.
+
+    Returns {raw gradient tensor name: name of the combined tensor that replaced it}.
+    """
+    import horovod.tensorflow as hvd
+
+    replaced: Dict[str, str] = {}
+    if plan.num_workers < 2:
+        return replaced
+    with graph.as_default():
+        for v in plan.variables:
+            for k, g in enumerate(v.gradients):
+                scope = f"tfpar/{v.route}/{_safe(v.name)}_{k}/"
+                with tf.compat.v1.name_scope(scope):
+                    values = graph.get_tensor_by_name(g.values)
+                    if v.route == "allreduce":
+                        op = hvd.Average if v.reduction == "average" else hvd.Sum
+                        combined = {values: hvd.allreduce(values, op=op, name="allreduce")}
+                    elif v.route == "allgather":
+                        indices = graph.get_tensor_by_name(g.indices)
+                        gathered = hvd.allgather(values, name="allgather_values")
+                        if v.reduction == "average":
+                            gathered = gathered / tf.cast(plan.num_workers, gathered.dtype)
+                        combined = {values: gathered,
+                                    indices: hvd.allgather(indices, name="allgather_indices")}
+                    else:
+                        continue
+                for old, new in combined.items():
+                    surgery.replace_uses(old, new, keep=[c for c in old.consumers()
+                                                         if c.name.startswith(scope)])
+                    replaced[old.name] = new.name
+    return replaced
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name)

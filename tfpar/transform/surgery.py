@@ -1,0 +1,44 @@
+"""The only place tfpar touches private TensorFlow graph APIs.
+
+Rewrites need to rewire existing ops and change constants in place, which TensorFlow's
+public API cannot do. Keeping every private call here means a TensorFlow upgrade breaks
+one small module, and its tests say so.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import tensorflow as tf
+
+
+def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Iterable[tf.Operation] = ()) -> int:
+    """Makes every consumer of `old` (except the ops in `keep`) read `new`; returns how many."""
+    keep = set(keep)
+    count = 0
+    for consumer in list(old.consumers()):
+        if consumer in keep:
+            continue
+        for i, t in enumerate(consumer.inputs):
+            if t is old:
+                consumer._update_input(i, new)  # pylint: disable=protected-access
+                count += 1
+    return count
+
+
+def set_const_value(op: tf.Operation, value) -> None:
+    """Overwrites the value of a `Const` op (same dtype and shape)."""
+    if op.type != "Const":
+        raise ValueError(f"{op.name} is a {op.type}, not a Const")
+    dtype = op.get_attr("dtype")
+    proto = tf.make_tensor_proto(value, dtype=dtype)
+    op._set_attr("value", tf.compat.v1.AttrValue(tensor=proto))  # pylint: disable=protected-access
+
+
+def add_control_inputs(op: tf.Operation, deps: Iterable[tf.Operation]) -> None:
+    """Adds control dependencies to an existing op."""
+    op._add_control_inputs(list(deps))  # pylint: disable=protected-access
+
+
+def control_outputs(op: tf.Operation):
+    """The ops that have `op` as a control input."""
+    return list(op._control_outputs)  # pylint: disable=protected-access
