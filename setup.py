@@ -8,6 +8,8 @@ setup(
     python_requires=">=3.11,<3.12",
     # horovod is compiled from source against the exact TF build (scripts/bootstrap.sh);
     # listing it here would let pip build an incompatible copy.
-    install_requires=["tensorflow-cpu==2.18.1; platform_machine!='never'", "numpy", "protobuf"],
+    # TensorFlow (tensorflow-cpu or tensorflow with CUDA, 2.18.1) and horovod are installed
+    # by scripts/bootstrap.sh: the right TF package depends on the host.
+    install_requires=["numpy", "protobuf"],
     entry_points={"console_scripts": ["tfpar=tfpar.cli:main"]},
 )

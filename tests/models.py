@@ -43,7 +43,8 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
         w2 = tf1.get_variable("w2", [HIDDEN, OUT], use_resource=use_resource)
         out = tf.matmul(tf.tanh(tf.matmul(h, w1) + b1), w2)
         per_example = tf.reduce_sum(tf.square(out - y), axis=1)
-        loss = tf.reduce_mean(per_example) if reduce == "mean" else tf.reduce_sum(per_example)
+        loss = tf.identity(tf.reduce_mean(per_example) if reduce == "mean"
+                           else tf.reduce_sum(per_example), name="loss")
         opt = OPTIMIZERS[optimizer](1.0 if reduce == "mean" else 1.0 / 16)
         step = tf1.train.get_or_create_global_step()
         grads_and_vars = opt.compute_gradients(loss)

@@ -170,7 +170,8 @@ class _Analyser:
         scope_re = re.compile(gradient_scope)
         self.region: Set[tf.Operation] = {op for op in self.ops if scope_re.search(op.name)}
         self.after_grad = self._descendants(self.region)
-        self.collection_vars = self._collection_variables()
+        with graph.as_default():  # Variable.to_proto needs graph mode
+            self.collection_vars = self._collection_variables()
 
     # -- graph helpers ---------------------------------------------------------------------
     def _descendants(self, roots: Iterable[tf.Operation]) -> Set[tf.Operation]:

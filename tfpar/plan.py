@@ -103,10 +103,12 @@ class Plan:
 
     # -- display ---------------------------------------------------------------------------
     def table(self) -> str:
-        rows = [("variable", "shape", "bytes", "kind", "route", "reduce", "bytes/step/worker")]
+        rows = [("variable", "shape", "bytes", "gradient/role", "route", "reduce",
+                 "bytes/step/worker")]
         for v in self.variables:
             rows.append((v.name, "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]",
-                         "?" if v.nbytes is None else f"{v.nbytes:,}", v.kind, v.route,
+                         "?" if v.nbytes is None else f"{v.nbytes:,}",
+                         v.kind if v.role == "trained" else v.role, v.route,
                          v.reduction or "-", _fmt_bytes(v.predicted_bytes, v.route)))
         hosts = ",".join(f"{h}:{n}" for h, n in self.hosts)
         head = (f"tfpar plan: run_mode={self.run_mode} (runs as {self.mode}), "

@@ -13,7 +13,7 @@ from tfpar.errors import TfparError
 from tfpar.plan import Plan
 from tfpar.planner import make_plan
 from tfpar.resources import parse_resources, reconcile
-from tfpar.shard import set_shard_values
+from tfpar.shard import with_shard_values
 from tfpar.transform.allreduce import apply_allreduce
 from tfpar.transform.graph_copy import copy_graph, to_meta_graph
 
@@ -45,9 +45,8 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     layout = reconcile(requested, runtime.current_layout())
     plan = make_plan(analysis, config, layout)
 
-    rewritten = copy_graph(meta)
+    rewritten = copy_graph(with_shard_values(meta, hvd.size(), hvd.rank()))
     apply_allreduce(rewritten, plan)
-    set_shard_values(rewritten, hvd.size(), hvd.rank())
     init = runtime.init_op(rewritten)
     broadcast = runtime.broadcast_op(rewritten)
     session = tf.compat.v1.Session(graph=rewritten,

@@ -5,9 +5,7 @@ import os
 
 import tensorflow as tf
 
-from tfpar.transform import surgery
-
-# Graph collections holding the shard constants, rewritten per worker by get_runner so a
+# Graph collections naming the shard constants, rewritten per worker by get_runner so a
 # graph built elsewhere (e.g. a saved MetaGraphDef) still shards for the worker running it.
 NUM_SHARDS_KEY = "tfpar_num_shards"
 SHARD_INDEX_KEY = "tfpar_shard_index"
@@ -42,11 +40,24 @@ def shard(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.shard(num, index)
 
 
-def set_shard_values(graph: tf.Graph, num_workers: int, worker_id: int) -> int:
-    """Points every `tfpar.shard` in `graph` at this worker; returns how many it changed."""
-    nums = graph.get_collection(NUM_SHARDS_KEY)
-    for t in nums:
-        surgery.set_const_value(t.op, num_workers)
-    for t in graph.get_collection(SHARD_INDEX_KEY):
-        surgery.set_const_value(t.op, worker_id)
-    return len(nums)
+def with_shard_values(meta, num_workers: int, worker_id: int):
+    """A copy of MetaGraphDef `meta` whose `tfpar.shard` constants select this worker's slice.
+
+    The rewrite is on the proto because a one-shot iterator copies its dataset, constants
+    included, into a library function: the constants must change there too.
+    """
+    targets = {}
+    for key, value in ((NUM_SHARDS_KEY, num_workers), (SHARD_INDEX_KEY, worker_id)):
+        for name in meta.collection_def[key].node_list.value if key in meta.collection_def else ():
+            targets[name.split(":")[0]] = value
+    if not targets:
+        return meta
+    out = tf.compat.v1.MetaGraphDef()
+    out.CopyFrom(meta)
+    nodes = list(out.graph_def.node)
+    for function in out.graph_def.library.function:
+        nodes.extend(function.node_def)
+    for node in nodes:
+        if node.op == "Const" and node.name in targets:
+            node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(targets[node.name], tf.int64))
+    return out

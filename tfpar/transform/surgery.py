@@ -25,15 +25,6 @@ def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Iterable[tf.Operation] = 
     return count
 
 
-def set_const_value(op: tf.Operation, value) -> None:
-    """Overwrites the value of a `Const` op (same dtype and shape)."""
-    if op.type != "Const":
-        raise ValueError(f"{op.name} is a {op.type}, not a Const")
-    dtype = op.get_attr("dtype")
-    proto = tf.make_tensor_proto(value, dtype=dtype)
-    op._set_attr("value", tf.compat.v1.AttrValue(tensor=proto))  # pylint: disable=protected-access
-
-
 def add_control_inputs(op: tf.Operation, deps: Iterable[tf.Operation]) -> None:
     """Adds control dependencies to an existing op."""
     op._add_control_inputs(list(deps))  # pylint: disable=protected-access

@@ -1,0 +1,135 @@
+"""Graph analysis: classification and variable/gradient/update pairing on real graphs."""
+import pytest
+import tensorflow as tf
+
+import tfpar
+from tfpar.analysis import analyse
+
+tf1 = tf.compat.v1
+
+
+def graph_with(optimizer=lambda: tf1.train.AdamOptimizer(0.1), use_resource=True,
+               partitioner=None, clip=False, two_optimizers=False):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 3], name="x")
+        ids = tf1.placeholder(tf.int32, [4], name="ids")
+        w = tf1.get_variable("w", [3, 2], use_resource=use_resource)
+        emb = tf1.get_variable("emb", [10, 3], use_resource=use_resource, partitioner=partitioner)
+        shared = tf1.get_variable("shared", [10, 3], use_resource=use_resource)
+        frozen = tf1.get_variable("frozen", [3], use_resource=use_resource)  # no gradient
+        h = x + tf.nn.embedding_lookup(emb, ids) + tf.nn.embedding_lookup(shared, ids)
+        y = tf.matmul(h, w) + tf.reduce_sum(tf.matmul(x, shared, transpose_b=True))
+        loss = tf.reduce_mean(y * y) + 0 * tf.reduce_sum(tf.stop_gradient(frozen))
+        step = tf1.train.get_or_create_global_step()
+        if two_optimizers:
+            tf1.train.AdamOptimizer(0.1).minimize(loss, var_list=[w], global_step=step)
+            others = [v for v in tf1.trainable_variables() if v.op.name not in ("w", "frozen")]
+            tf1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=others)
+        else:
+            opt = optimizer()
+            gv = [(g_, v) for g_, v in opt.compute_gradients(loss) if g_ is not None]
+            grads, variables = zip(*gv)
+            if clip:
+                grads, _ = tf.clip_by_global_norm(grads, 1.0)
+            opt.apply_gradients(list(zip(grads, variables)), global_step=step)
+    return g
+
+
+@pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
+@pytest.mark.parametrize("opt", ["sgd", "momentum", "adam", "adagrad", "rmsprop"])
+def test_classification_and_pairing(use_resource, opt):
+    optimizer = {"sgd": lambda: tf1.train.GradientDescentOptimizer(0.1),
+                 "momentum": lambda: tf1.train.MomentumOptimizer(0.1, 0.9),
+                 "adam": lambda: tf1.train.AdamOptimizer(0.1),
+                 "adagrad": lambda: tf1.train.AdagradOptimizer(0.1),
+                 "rmsprop": lambda: tf1.train.RMSPropOptimizer(0.1)}[opt]
+    a = analyse(graph_with(optimizer, use_resource=use_resource))
+    w, emb, shared = a.variable("w"), a.variable("emb"), a.variable("shared")
+    assert (w.kind, emb.kind, shared.kind) == ("dense", "sparse", "dense")
+    assert w.resource is use_resource
+    assert a.variable("frozen").role == "untrained"
+    # The raw gradients are tf.gradients' outputs, paired with the right variable.
+    assert w.updates[0].gradient.values.startswith("gradients/MatMul_grad")
+    assert emb.updates[0].gradient.indices.startswith("gradients/embedding_lookup_grad")
+    assert "AddN" in shared.updates[0].gradient.values  # gather + matmul: summed, dense
+    assert a.global_step == "global_step"
+    for v in (w, emb, shared):
+        assert len(v.updates) == 1
+        assert all(s.startswith(v.name + "/") for s in v.slots)
+        for s in v.slots:
+            assert a.variable(s).role == "slot" and a.variable(s).slot_of == v.name
+    expected_slots = {"sgd": 0, "momentum": 1, "adam": 2, "adagrad": 1, "rmsprop": 2}[opt]
+    assert len(w.slots) == expected_slots and len(emb.slots) == expected_slots
+    assert w.nbytes == 24 and w.shape == (3, 2) and w.dtype == "float32"
+
+
+def test_resource_op_types_are_recorded():
+    a = analyse(graph_with(lambda: tf1.train.AdagradOptimizer(0.1)))
+    assert a.variable("w").updates[0].op_types == ("ResourceApplyAdagrad",)
+    assert a.variable("emb").updates[0].op_types == ("ResourceSparseApplyAdagrad",)
+    sgd = analyse(graph_with(lambda: tf1.train.GradientDescentOptimizer(0.1)))
+    assert sgd.variable("emb").updates[0].op_types == ("ResourceScatterAdd",)
+    ref = analyse(graph_with(lambda: tf1.train.GradientDescentOptimizer(0.1), use_resource=False))
+    assert ref.variable("emb").updates[0].op_types == ("ScatterSub",)
+    assert ref.variable("w").updates[0].op_types == ("ApplyGradientDescent",)
+
+
+def test_clipping_is_post_processing_before_the_update():
+    a = analyse(graph_with(clip=True))
+    w = a.variable("w").updates[0].gradient
+    assert w.post_processed and w.values.startswith("gradients/")
+    assert not analyse(graph_with()).variable("w").updates[0].gradient.post_processed
+
+
+def test_partitioned_variable_pieces():
+    a = analyse(graph_with(partitioner=tf1.fixed_size_partitioner(3)))
+    parts = [v for v in a.trained if v.partition is not None]
+    assert [p.name for p in parts] == ["emb/part_0", "emb/part_1", "emb/part_2"]
+    assert [p.shape for p in parts] == [(4, 3), (3, 3), (3, 3)]
+    assert [p.partition.offset for p in parts] == [(0, 0), (4, 0), (7, 0)]
+    assert all(p.partition.full_name == "emb" and p.partition.full_shape == (10, 3)
+               and p.kind == "sparse" for p in parts)
+    grads = {p.updates[0].gradient.values for p in parts}
+    assert len(grads) == 3  # one IndexedSlices per piece
+
+
+def test_two_optimizers():
+    a = analyse(graph_with(two_optimizers=True))
+    assert a.variable("w").updates[0].op_types == ("ResourceApplyAdam",)
+    assert a.variable("emb").updates[0].gradient.values.startswith("gradients_1/")
+    assert a.variable("shared").updates[0].op_types == ("ResourceApplyGradientDescent",)
+    assert set(a.train_ops) == {"Adam", "GradientDescent"}
+
+
+def test_meta_graph_input_gives_the_same_analysis():
+    g = graph_with()
+    assert analyse(tf1.train.export_meta_graph(graph=g)) == analyse(g)
+
+
+def test_no_update_ops_is_an_error():
+    g = tf.Graph()
+    with g.as_default():
+        w = tf1.get_variable("w", [3])
+        tf.reduce_sum(w)
+    with pytest.raises(tfpar.TfparError, match="no optimizer update ops"):
+        analyse(g)
+
+
+def test_unknown_update_op_is_named():
+    g = tf.Graph()
+    with g.as_default():
+        w = tf1.get_variable("w", [3, 2])
+        loss = tf.reduce_sum(tf.square(w))
+        (grad,) = tf.gradients(loss, [w])
+        tf.raw_ops.ResourceStridedSliceAssign(ref=w.handle, begin=[0], end=[1], strides=[1],
+                                              value=grad[0:1], name="my_update")
+    with pytest.raises(tfpar.TfparError, match="my_update.*ResourceStridedSliceAssign"):
+        analyse(g)
+
+
+def test_table_lists_every_variable():
+    a = analyse(graph_with())
+    table = a.table()
+    for v in a.variables:
+        assert v.name in table

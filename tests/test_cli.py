@@ -1,0 +1,52 @@
+"""The tfpar command, run as a user would: no cluster is started."""
+import os
+import subprocess
+import sys
+
+import tensorflow as tf
+
+from launch import REPO
+from tfpar.plan import Plan
+
+TFPAR = os.path.join(os.path.dirname(sys.executable), "tfpar")
+MODEL = os.path.join(REPO, "examples", "mlp.py")
+
+
+def tfpar_cmd(*args):
+    return subprocess.run([TFPAR, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=120, cwd=REPO)
+
+
+def test_inspect_prints_every_variable():
+    proc = tfpar_cmd("inspect", MODEL)
+    assert proc.returncode == 0, proc.stderr
+    assert "dense0/kernel" in proc.stdout and "dense0/kernel/Adam_1" in proc.stdout
+    assert "ResourceApplyAdam" in proc.stdout and "global step: global_step" in proc.stdout
+
+
+def test_plan_json_round_trips(tmp_path):
+    proc = tfpar_cmd("plan", f"{MODEL}:build_graph", "--resources", "hostA:2,hostB:2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = Plan.from_json(proc.stdout)
+    assert plan.num_workers == 4 and plan.hosts == (("hostA", 2), ("hostB", 2))
+    assert plan.variable("dense1/kernel").route == "allreduce"
+
+
+def test_plan_from_a_saved_meta_graph(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    import mlp
+    graph = mlp.build_graph()[0]
+    path = str(tmp_path / "model.meta")
+    tf.compat.v1.train.export_meta_graph(filename=path, graph=graph)
+    proc = tfpar_cmd("plan", path, "--resources", "localhost:2")
+    assert proc.returncode == 0, proc.stderr
+    assert "runs as AR" in proc.stdout and "logits/kernel" in proc.stdout
+
+
+def test_errors():
+    proc = tfpar_cmd("plan", MODEL, "--run-mode", "PS")
+    assert proc.returncode == 2 and "not supported yet" in proc.stderr
+    proc = tfpar_cmd("inspect", f"{MODEL}:no_such_function")
+    assert proc.returncode == 2 and "no function no_such_function()" in proc.stderr
+    proc = tfpar_cmd("inspect", "missing.py")
+    assert proc.returncode == 2 and "no such file" in proc.stderr

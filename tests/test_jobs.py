@@ -1,0 +1,51 @@
+"""Real horovodrun jobs: sharding, bad input inside a job, and the example."""
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from launch import REPO, TESTS, horovodrun, processes_running
+
+
+def test_shard_gives_disjoint_complete_slices(tmp_path):
+    proc = horovodrun(3, os.path.join(TESTS, "workers", "shard.py"), str(tmp_path), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    for key in ("direct", "meta"):
+        slices = [s[key] for s in seen]
+        assert all(slices), slices
+        flat = [e for s in slices for e in s]
+        assert sorted(flat) == list(range(23)), (key, slices)  # disjoint and complete
+        assert slices[1] == list(range(1, 23, 3))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("resources", r"resources give host 'localhost' 3 worker\(s\) but the running job has 2"),
+    ("sparse_hybrid", r"NotYetSupportedError: HYBRID mode puts sparse variables"),
+    ("run_mode", r"unknown run_mode 'ALLREDUCE'"),
+])
+def test_bad_input_in_a_job_fails_cleanly(tmp_path, case, message):
+    script = tmp_path / f"bad_job_{case}_marker.py"
+    shutil.copy(os.path.join(TESTS, "workers", "bad_job.py"), script)
+    with open(script) as f:
+        text = f.read().replace("os.path.dirname(os.path.dirname(os.path.abspath(__file__)))",
+                                repr(TESTS))
+    script.write_text(text)
+    proc = horovodrun(2, str(script), case, timeout=120)
+    assert proc.returncode != 0
+    assert re.search(message, proc.stdout), proc.stdout[-4000:]
+    assert "unexpected: no error" not in proc.stdout
+    assert proc.elapsed < 60
+    assert processes_running(script.name) == []
+
+
+def test_example_trains_on_two_workers():
+    proc = horovodrun(2, os.path.join(REPO, "examples", "mlp.py"), "--steps", "100",
+                      "--log-every", "50")
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    losses = [float(m) for m in re.findall(r"step +\d+ +loss ([0-9.]+)", proc.stdout)]
+    assert len(losses) == 2 and losses[-1] < 2.3  # below chance level (ln 10)
+    assert "done: 100 steps on 2 workers" in proc.stdout and "global step 100" in proc.stdout
+    assert "steps/s" in proc.stdout

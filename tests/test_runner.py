@@ -1,0 +1,109 @@
+"""The Runner in one process (a Horovod job of size 1): name mapping, errors, lifecycle."""
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import models
+import tfpar
+
+tf1 = tf.compat.v1
+
+
+@pytest.fixture
+def built():
+    return models.build(optimizer="adam", init_seed=3)
+
+
+def data_feed(h, step=0):
+    x, y, ids = models.batches(step + 1, 8)[step]
+    return models.feed(h, x, y, ids)
+
+
+def test_runs_like_a_session(built):
+    graph, h = built
+    with tfpar.get_runner(graph, "localhost:1") as runner:
+        assert (runner.worker_id, runner.num_workers, runner.is_chief) == (0, 1, True)
+        assert runner.plan.variable("w1").route == "allreduce"
+        w1 = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)[0]
+        before = runner.run(w1)
+        Pair = collections.namedtuple("Pair", "loss step")
+        out = runner.run({"a": [h["loss"], h["train_op"]], "b": Pair("loss:0", "global_step")},
+                         feed_dict={"x:0": data_feed(h)[h["x"]], h["y"]: data_feed(h)[h["y"]]})
+        assert isinstance(out["b"], Pair) and out["a"][1] is None
+        assert out["b"].loss == pytest.approx(out["a"][0])
+        assert runner.run("global_step:0") == 1
+        assert not np.allclose(runner.run(w1), before)
+
+
+def test_same_result_as_a_plain_session(built):
+    graph, h = built
+    with tfpar.get_runner(graph) as runner:
+        init = {v.op.name: runner.run(v) for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
+        for s in range(3):
+            runner.run(h["train_op"], feed_dict=data_feed(h, s))
+        got = runner.run(dict((v.op.name, v) for v in
+                              graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)))
+    with graph.as_default(), tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
+            v.load(init[v.op.name], sess)
+        for s in range(3):
+            sess.run(h["train_op"], feed_dict=data_feed(h, s))
+        want = models.variable_values(sess, graph)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_meta_graph_input(built):
+    graph, h = built
+    meta = tf1.train.export_meta_graph(graph=graph)
+    with tfpar.get_runner(meta) as runner:
+        runner.run("Adam", feed_dict={"x:0": data_feed(h)[h["x"]], "y:0": data_feed(h)[h["y"]]})
+        assert runner.run("global_step:0") == 1
+
+
+def test_bad_fetches_and_feeds(built):
+    graph, h = built
+    other, _ = models.build()
+    with tfpar.get_runner(graph) as runner:
+        with pytest.raises(tfpar.TfparError, match="'nope:0' is not in the graph"):
+            runner.run("nope:0")
+        with pytest.raises(tfpar.TfparError, match="another graph"):
+            runner.run(other.get_operation_by_name("global_step"))
+        with pytest.raises(tfpar.TfparError, match="feed 'missing:0'"):
+            runner.run(h["loss"], feed_dict={"missing:0": 1.0})
+        with pytest.raises(tfpar.TfparError, match="cannot fetch"):
+            runner.run(3.5)
+    with pytest.raises(tfpar.TfparError, match="closed"):
+        runner.run(h["loss"])
+
+
+def test_config_errors(built):
+    graph, _ = built
+    with pytest.raises(tfpar.TfparError, match="unknown run_mode 'FAST'"):
+        tfpar.Config(run_mode="FAST")
+    with pytest.raises(tfpar.TfparError, match="tfpar.Config"):
+        tfpar.get_runner(graph, config={"run_mode": "AR"})
+    with pytest.raises(tfpar.TfparError, match="tf.Graph or a MetaGraphDef"):
+        tfpar.get_runner("graph.pb")
+    with pytest.raises(tfpar.TfparError, match="running job has 1"):
+        tfpar.get_runner(graph, "localhost:1,elsewhere:1")
+    with pytest.raises(tfpar.TfparError, match="2 worker"):
+        tfpar.get_runner(graph, "localhost:2")
+    assert tfpar.Config(run_mode="ar").run_mode == "AR"
+
+
+def test_graph_without_update_ops():
+    g = tf.Graph()
+    with g.as_default():
+        tf.reduce_sum(tf1.get_variable("w", [2]))
+    with pytest.raises(tfpar.TfparError, match="no optimizer update ops"):
+        tfpar.get_runner(g)
+
+
+def test_sparse_hybrid_says_not_yet_supported():
+    graph, _ = models.build(sparse=True)
+    with pytest.raises(tfpar.NotYetSupportedError, match="not supported yet"):
+        tfpar.get_runner(graph)

@@ -1,0 +1,105 @@
+"""The `tfpar` command: look at what tfpar sees in a graph and what it would do, offline.
+
+    tfpar inspect model.py[:build_fn]      per-variable analysis table
+    tfpar plan model.py[:build_fn] --resources host1:2,host2:2 [--run-mode AR] [--json]
+
+A source is a Python file with a function that builds the training graph (default name
+`build_graph`; it returns a tf.Graph, a tuple starting with one, or builds into the default
+graph), or a saved MetaGraphDef (`.meta`, binary or text).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def load_graph(source: str):
+    """A tf.Graph or MetaGraphDef from `file.py[:function]` or a `.meta` file."""
+    import tensorflow as tf
+    from tfpar.errors import TfparError
+
+    tf.compat.v1.disable_eager_execution()
+    path, _, func = source.partition(":") if not os.path.exists(source) else (source, "", "")
+    if not os.path.exists(path):
+        raise TfparError(f"{path}: no such file")
+    if not path.endswith(".py"):
+        meta = tf.compat.v1.MetaGraphDef()
+        data = open(path, "rb").read()
+        try:
+            meta.ParseFromString(data)
+        except Exception:  # noqa: BLE001 - try the text format next
+            from google.protobuf import text_format
+            try:
+                text_format.Merge(data.decode(), meta)
+            except Exception as e:  # noqa: BLE001
+                raise TfparError(f"{path} is neither a Python file nor a MetaGraphDef: {e}") from None
+        return meta
+    spec = importlib.util.spec_from_file_location("_tfpar_user_model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec.loader.exec_module(module)
+    func = func or "build_graph"
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise TfparError(f"{path} has no function {func}(); name the graph-building function "
+                         f"as {path}:FUNCTION")
+    graph = tf.Graph()
+    with graph.as_default():
+        result = fn()
+    if isinstance(result, tuple) and result:
+        result = result[0]
+    if isinstance(result, (tf.Graph, tf.compat.v1.MetaGraphDef)):
+        return result
+    if result is None:
+        return graph
+    raise TfparError(f"{path}:{func}() returned {type(result).__name__}; return a tf.Graph")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="tfpar", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    inspect = sub.add_parser("inspect", help="print the per-variable analysis of a graph")
+    plan = sub.add_parser("plan", help="print the plan tfpar would run, without a cluster")
+    for p in (inspect, plan):
+        p.add_argument("source", help="model.py[:build_fn] or a .meta MetaGraphDef")
+        p.add_argument("--gradient-scope", help="regex of the tf.gradients name scopes")
+    plan.add_argument("--resources", default="localhost:1", help="e.g. host1:2,host2:2 or a file")
+    plan.add_argument("--run-mode", default="HYBRID", help="HYBRID, AR or PS")
+    plan.add_argument("--sum", action="store_true", help="sum gradients instead of averaging")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = parser.parse_args(argv)
+
+    from tfpar.analysis import DEFAULT_GRADIENT_SCOPE, analyse
+    from tfpar.config import Config
+    from tfpar.errors import TfparError
+    from tfpar.planner import make_plan
+    from tfpar.resources import parse_resources
+
+    try:
+        scope = args.gradient_scope or DEFAULT_GRADIENT_SCOPE
+        analysis = analyse(load_graph(args.source), scope)
+        if args.command == "inspect":
+            print(analysis.table())
+            print(f"global step: {analysis.global_step or '-'}; "
+                  f"train ops: {', '.join(analysis.train_ops) or '-'}")
+            return 0
+        layout = parse_resources(args.resources)
+        if any(h.slots is None for h in layout.hosts):
+            raise TfparError("tfpar plan needs a worker count per host: give GPU ids in the "
+                             "resource file, or use --resources host:N,...")
+        config = Config(run_mode=args.run_mode, average_dense=not args.sum,
+                        average_sparse=not args.sum, gradient_scope=scope)
+        result = make_plan(analysis, config, layout)
+        print(result.to_json() if args.json else result.table())
+        return 0
+    except TfparError as e:
+        print(f"tfpar: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
