@@ -16,7 +16,8 @@ TF_PKG="${TFPAR_TF_PKG:-tensorflow-cpu}"
 TF_VERSION="2.18.1"
 HVD_VERSION="0.28.1"
 CACHE="${TFPAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfpar}"
-WHEELS="$CACHE/horovod-$HVD_VERSION-tf-$TF_VERSION-$($PYTHON -c 'import sys;print("py%d%d"%sys.version_info[:2])')"
+PYTAG="$($PYTHON -c 'import sys;print("py%d%d"%sys.version_info[:2])')"
+WHEELS="$CACHE/horovod-$HVD_VERSION-$TF_PKG-$TF_VERSION-$PYTAG-gpu_${HOROVOD_GPU_OPERATIONS:-none}"
 
 log() { echo "[bootstrap] $*" >&2; }
 
