@@ -49,8 +49,9 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     apply_allreduce(rewritten, plan)
     init = runtime.init_op(rewritten)
     broadcast = runtime.broadcast_op(rewritten)
-    session = tf.compat.v1.Session(graph=rewritten,
-                                   config=runtime.session_config(config.session_config))
+    host = layout.hosts[layout.host_of_rank(hvd.rank())]
+    session = tf.compat.v1.Session(
+        graph=rewritten, config=runtime.session_config(config.session_config, host.gpus))
     try:
         session.run(init)
         session.run(broadcast)

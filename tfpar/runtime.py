@@ -45,13 +45,18 @@ def current_layout() -> Layout:
     return job_layout(names)
 
 
-def session_config(user_config=None) -> "tf.compat.v1.ConfigProto":
-    """The user's ConfigProto (or a default), with one GPU per process pinned by local rank."""
+def session_config(user_config=None, host_gpus=()) -> "tf.compat.v1.ConfigProto":
+    """The user's ConfigProto (or a default), with one GPU per process.
+
+    The GPU is the local rank's entry of the host's GPU ids from the resource file, or the
+    local rank itself; a `visible_device_list` the user set is kept.
+    """
     config = tf.compat.v1.ConfigProto()
     if user_config is not None:
         config.CopyFrom(user_config)
     if tf.config.list_physical_devices("GPU") and not config.gpu_options.visible_device_list:
-        config.gpu_options.visible_device_list = str(horovod().local_rank())
+        local = horovod().local_rank()
+        config.gpu_options.visible_device_list = str(host_gpus[local] if host_gpus else local)
         config.gpu_options.allow_growth = True
     return config
 
