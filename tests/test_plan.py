@@ -1,6 +1,5 @@
 """The Plan value, the planner's decisions and the cost model."""
 import pytest
-import tensorflow as tf
 
 import tfpar
 from tfpar import cost

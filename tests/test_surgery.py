@@ -16,12 +16,3 @@ def test_replace_uses():
         assert surgery.replace_uses(a, b, keep=[d.op]) == 1
         with tf1.Session() as sess:
             assert sess.run([c, d]) == [4.0, 20.0]
-
-
-def test_control_inputs():
-    g = tf.Graph()
-    with g.as_default():
-        a = tf.no_op(name="a")
-        b = tf.no_op(name="b")
-        surgery.add_control_inputs(b, [a])
-        assert b.control_inputs == [a] and surgery.control_outputs(a) == [b]

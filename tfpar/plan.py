@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 from tfpar.analysis import format_table
 
@@ -65,9 +65,6 @@ class Plan:
             if v.name == name:
                 return v
         raise KeyError(name)
-
-    def by_route(self, route: str) -> Tuple[VariablePlan, ...]:
-        return tuple(v for v in self.variables if v.route == route)
 
     @property
     def predicted_bytes_per_step(self) -> Optional[float]:

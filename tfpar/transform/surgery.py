@@ -23,13 +23,3 @@ def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Iterable[tf.Operation] = 
                 consumer._update_input(i, new)  # pylint: disable=protected-access
                 count += 1
     return count
-
-
-def add_control_inputs(op: tf.Operation, deps: Iterable[tf.Operation]) -> None:
-    """Adds control dependencies to an existing op."""
-    op._add_control_inputs(list(deps))  # pylint: disable=protected-access
-
-
-def control_outputs(op: tf.Operation):
-    """The ops that have `op` as a control input."""
-    return list(op._control_outputs)  # pylint: disable=protected-access
