@@ -8,6 +8,7 @@ tf1 = tf.compat.v1
 
 IN, HIDDEN, OUT = 6, 8, 3
 VOCAB, EMB = 20, 4
+PS_VOCAB, SHARED_VOCAB = 23, 11  # rows that 2 and 3 parts split unevenly
 OPTIMIZERS = {
     "sgd": lambda s: tf1.train.GradientDescentOptimizer(0.1 * s),
     "momentum": lambda s: tf1.train.MomentumOptimizer(0.05 * s, 0.9),
@@ -17,9 +18,12 @@ OPTIMIZERS = {
 
 
 def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=True,
-          init_seed=None, batch=None):
+          init_seed=None, batch=None, emb_partitions=None, shared_embedding=False):
     """An MLP (optionally with an embedding input) and its training step.
 
+    emb_partitions: make the embedding (PS_VOCAB rows) a partitioned variable of that many
+    pieces (the user's own partitioner). shared_embedding: add a second embedding
+    (SHARED_VOCAB rows) read by two lookups of the same ids.
     Returns (graph, handles) where handles has x, y, ids (or None), loss, train_op.
     `init_seed` seeds the random initialisers (different seeds per worker show the broadcast).
     A summed loss gets a 16x smaller learning rate, so it trains instead of diverging.
@@ -32,11 +36,19 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
         y = tf1.placeholder(tf.float32, [batch, OUT], name="y")
         h = x
         ids = None
-        if sparse:
+        if sparse or emb_partitions:
             ids = tf1.placeholder(tf.int32, [batch], name="ids")
-            emb = tf1.get_variable("emb", [VOCAB, IN], use_resource=use_resource,
+            partitioner = (tf1.fixed_size_partitioner(emb_partitions) if emb_partitions
+                           else None)
+            emb = tf1.get_variable("emb", [PS_VOCAB if emb_partitions else VOCAB, IN],
+                                   use_resource=use_resource, partitioner=partitioner,
                                    initializer=tf1.random_normal_initializer(stddev=0.5))
-            h = h + tf.nn.embedding_lookup(emb, ids)
+            h = h + tf1.nn.embedding_lookup(emb, ids, partition_strategy="div")
+        if shared_embedding:
+            shared = tf1.get_variable("shared", [SHARED_VOCAB, IN], use_resource=use_resource,
+                                      initializer=tf1.random_normal_initializer(stddev=0.5))
+            h = (h + tf.nn.embedding_lookup(shared, ids % SHARED_VOCAB)
+                 - 0.5 * tf.nn.embedding_lookup(shared, (ids * 3 + 1) % SHARED_VOCAB))
         w1 = tf1.get_variable("w1", [IN, HIDDEN], use_resource=use_resource)
         b1 = tf1.get_variable("b1", [HIDDEN], use_resource=use_resource,
                               initializer=tf1.random_normal_initializer(stddev=0.1))
@@ -56,15 +68,23 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     return g, dict(x=x, y=y, ids=ids, loss=loss, train_op=train_op)
 
 
-def batches(steps, global_batch, seed=0):
-    """Deterministic data: per step (x, y, ids) for the whole (concatenated) batch."""
+def batches(steps, global_batch, seed=0, vocab=None):
+    """Deterministic data: per step (x, y, ids) for the whole (concatenated) batch.
+
+    Without `vocab`, ids are few (half of VOCAB): duplicates within and across workers.
+    With it, ids cover the whole vocabulary, and every fifth is id 3 (duplicated within
+    and across workers).
+    """
     rng = np.random.RandomState(seed)
     out = []
     for _ in range(steps):
         x = rng.randn(global_batch, IN).astype(np.float32)
         y = rng.randn(global_batch, OUT).astype(np.float32)
-        # Few ids: duplicates within and across workers.
-        ids = rng.randint(0, VOCAB // 2, size=global_batch).astype(np.int32)
+        if vocab:
+            ids = rng.randint(0, vocab, size=global_batch).astype(np.int32)
+            ids[::5] = 3
+        else:
+            ids = rng.randint(0, VOCAB // 2, size=global_batch).astype(np.int32)
         out.append((x, y, ids))
     return out
 

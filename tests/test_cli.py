@@ -43,9 +43,16 @@ def test_plan_from_a_saved_meta_graph(tmp_path):
     assert "runs as AR" in proc.stdout and "logits/kernel" in proc.stdout
 
 
+def test_plan_of_a_ps_job_shows_parts_and_servers():
+    proc = tfpar_cmd("plan", MODEL, "--run-mode", "PS", "--resources", "hostA:2,hostB:2")
+    assert proc.returncode == 0, proc.stderr
+    assert "runs as PS" in proc.stdout and "@1" in proc.stdout
+    assert "parameter servers: ps:0@hostA" in proc.stdout and "ps:1@hostB" in proc.stdout
+
+
 def test_errors():
-    proc = tfpar_cmd("plan", MODEL, "--run-mode", "PS")
-    assert proc.returncode == 2 and "not supported yet" in proc.stderr
+    proc = tfpar_cmd("plan", MODEL, "--run-mode", "PS", "--partitions", "0")
+    assert proc.returncode == 2 and "Config.partitions must be a positive int" in proc.stderr
     proc = tfpar_cmd("inspect", f"{MODEL}:no_such_function")
     assert proc.returncode == 2 and "no function no_such_function()" in proc.stderr
     proc = tfpar_cmd("inspect", "missing.py")

@@ -23,7 +23,9 @@ def test_shard_gives_disjoint_complete_slices(tmp_path):
 
 @pytest.mark.parametrize("case, message", [
     ("resources", r"resources give host 'localhost' 3 worker\(s\) but the running job has 2"),
-    ("sparse_hybrid", r"NotYetSupportedError: HYBRID mode puts sparse variables"),
+    ("partitions", r"cannot split variable 'emb' into 50 parts: it has only 20 rows"),
+    ("sparse_apply", r"sparse variable 'emb' is updated by ResourceApplyAdam.*no sparse apply"),
+    ("more_hosts", r"resources name 2 host\(s\) .*but the running job has 1"),
     ("run_mode", r"unknown run_mode 'ALLREDUCE'"),
 ])
 def test_bad_input_in_a_job_fails_cleanly(tmp_path, case, message):

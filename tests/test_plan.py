@@ -1,5 +1,6 @@
 """The Plan value, the planner's decisions and the cost model."""
 import pytest
+import tensorflow as tf
 
 import tfpar
 from tfpar import cost
@@ -9,6 +10,8 @@ from tfpar.planner import make_plan
 from tfpar.resources import parse_resources
 
 import models
+
+tf1 = tf.compat.v1
 
 
 def plan_for(n=2, **model):
@@ -52,14 +55,67 @@ def test_hybrid_without_sparse_runs_as_ar():
     assert any("HYBRID runs as AR" in n for n in plan.notes)
 
 
-def test_sparse_on_ps_and_ps_mode_are_not_yet_supported():
+def test_hybrid_puts_sparse_variables_and_slots_on_the_ps():
+    graph, _ = models.build(sparse=True, optimizer="adagrad", batch=8)
+    plan = make_plan(analyse(graph), tfpar.Config(), parse_resources("a:2,b:2"))
+    assert plan.mode == "HYBRID" and plan.num_ps == 2 and plan.local_aggregation
+    emb = plan.variable("emb")
+    assert emb.route == "ps" and [(p.start, p.stop) for p in emb.parts] == [(0, 10), (10, 20)]
+    assert {p.ps_task for p in emb.parts} == {0, 1}  # balanced by bytes
+    slot = plan.variable("emb/Adagrad")
+    assert slot.route == "ps" and slot.slot_of == "emb" and slot.parts == emb.parts
+    assert plan.variable("w1").route == "allreduce"
+    assert plan.variable("w1/Adagrad").route == "replicated"
+    # Parallax Table 3: sparse PS moves 4 alpha w (N-1)/N, against 2 alpha w (N-1) allgathered.
+    ar = make_plan(analyse(graph), tfpar.Config(run_mode="AR"), parse_resources("a:2,b:2"))
+    assert ar.variable("emb").predicted_bytes / emb.predicted_bytes == pytest.approx(4 / 2)
+    assert Plan.from_json(plan.to_json()) == plan
+    assert "10:20@1" in plan.table() or "10:20@0" in plan.table()
+
+
+def test_ps_mode_puts_every_trained_variable_on_the_ps():
+    graph, _ = models.build(sparse=True, optimizer="adam")
+    plan = make_plan(analyse(graph), tfpar.Config(run_mode="PS", partitions=3),
+                     parse_resources("a:1,b:1"))
+    assert all(v.route == "ps" for v in plan.variables if v.role in ("trained", "slot"))
+    assert plan.variable("global_step").route == "replicated"
+    assert len(plan.variable("emb").parts) == 3 and len(plan.variable("w1").parts) == 1
+    load = plan.ps_load()
+    assert len(load) == 2 and min(load) > 0
+
+
+def test_partition_count_errors():
     graph, _ = models.build(sparse=True)
     a = analyse(graph)
     layout = parse_resources("localhost:2")
-    with pytest.raises(tfpar.NotYetSupportedError, match="emb.*run_mode='AR'"):
-        make_plan(a, tfpar.Config(), layout)
-    with pytest.raises(tfpar.NotYetSupportedError, match="PS"):
-        make_plan(a, tfpar.Config(run_mode="PS"), layout)
+    with pytest.raises(tfpar.TfparError, match="into 21 parts: it has only 20 rows"):
+        make_plan(a, tfpar.Config(partitions=21), layout)
+    with pytest.raises(tfpar.TfparError, match="names nope"):
+        make_plan(a, tfpar.Config(partitions={"nope": 2}), layout)
+    with pytest.raises(tfpar.TfparError, match="'w1', which is not on the parameter servers"):
+        make_plan(a, tfpar.Config(partitions={"w1": 2}), layout)
+    with pytest.raises(tfpar.TfparError, match="positive int"):
+        tfpar.Config(partitions=0)
+    graph, _ = models.build(sparse=True, use_resource=False)
+    with pytest.raises(tfpar.NotYetSupportedError, match="reference variable"):
+        make_plan(analyse(graph), tfpar.Config(), layout)
+    graph, _ = models.build(sparse=True, clip=0.1)
+    with pytest.raises(tfpar.NotYetSupportedError, match="post-processed"):
+        make_plan(analyse(graph), tfpar.Config(), layout)
+
+
+def test_sparse_variable_without_a_sparse_apply_is_an_error():
+    g = tf.Graph()
+    with g.as_default():
+        emb = tf1.get_variable("emb", [10, 3], use_resource=True)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2, 2]))
+        (grad, var), = tf1.train.AdamOptimizer(0.1).compute_gradients(loss)
+        # The user densifies the IndexedSlices: Adam then applies a dense update.
+        tf1.train.AdamOptimizer(0.1).apply_gradients([(tf.convert_to_tensor(grad), var)])
+    a = analyse(g)
+    assert a.variable("emb").kind == "sparse"
+    with pytest.raises(tfpar.TfparError, match="has no sparse apply"):
+        make_plan(a, tfpar.Config(), parse_resources("localhost:2"))
 
 
 def test_sum_semantics_in_plan():

@@ -103,7 +103,19 @@ def test_graph_without_update_ops():
         tfpar.get_runner(g)
 
 
-def test_sparse_hybrid_says_not_yet_supported():
-    graph, _ = models.build(sparse=True)
-    with pytest.raises(tfpar.NotYetSupportedError, match="not supported yet"):
-        tfpar.get_runner(graph)
+def test_hybrid_on_one_worker_runs_a_real_parameter_server():
+    """A lone process (job of size 1) still gets its PS process and trains as one device."""
+    graph, h = models.build(sparse=True, optimizer="adagrad")
+    with tfpar.get_runner(graph) as runner:
+        assert runner.plan.mode == "HYBRID" and runner.plan.num_ps == 1
+        x, y, ids = models.batches(1, 8)[0]
+        before = runner.run("emb:0")
+        runner.run(h["train_op"], feed_dict=models.feed(h, x, y, ids))
+        after = runner.run("emb:0")
+        touched = sorted(set(ids.tolist()))
+        assert not np.allclose(after[touched], before[touched])
+        untouched = [i for i in range(models.VOCAB) if i not in touched]
+        np.testing.assert_array_equal(after[untouched], before[untouched])
+        comm = runner.communication()
+        assert comm["steps"] == 1 and comm["ps_push"] > 0 and comm["ps_pull"] > 0
+        assert runner.ps_pushes() == {"emb/part_0": 1}

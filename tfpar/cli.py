@@ -70,6 +70,10 @@ def main(argv=None):
     plan.add_argument("--resources", default="localhost:1", help="e.g. host1:2,host2:2 or a file")
     plan.add_argument("--run-mode", default="HYBRID", help="HYBRID, AR or PS")
     plan.add_argument("--sum", action="store_true", help="sum gradients instead of averaging")
+    plan.add_argument("--partitions", type=int, help="parts per sparse variable on the PS "
+                      "(default: one per PS task)")
+    plan.add_argument("--no-local-aggregation", action="store_true",
+                      help="push every worker's gradient to the PS (not one push per host)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
 
@@ -92,7 +96,9 @@ def main(argv=None):
             raise TfparError("tfpar plan needs a worker count per host: give GPU ids in the "
                              "resource file, or use --resources host:N,...")
         config = Config(run_mode=args.run_mode, average_dense=not args.sum,
-                        average_sparse=not args.sum, gradient_scope=scope)
+                        average_sparse=not args.sum, gradient_scope=scope,
+                        partitions=args.partitions,
+                        local_aggregation=not args.no_local_aggregation)
         result = make_plan(analysis, config, layout)
         print(result.to_json() if args.json else result.table())
         return 0

@@ -14,3 +14,10 @@ def allreduce_bytes(w: float, n: int) -> float:
 def allgather_bytes(per_worker: float, n: int) -> float:
     """Ring allgather of `per_worker` bytes from each worker: N-1 steps in and out: 2s(N-1)."""
     return 2.0 * per_worker * (n - 1) if n > 1 else 0.0
+
+
+def ps_bytes(w: float, n: int) -> float:
+    """Variables balanced over parameter servers, one per machine: each machine pulls and
+    pushes its w for the (N-1)/N remote part and serves as much: 4w(N-1)/N (Table 3, m
+    variables; w is alpha times the variable's size for a sparse one)."""
+    return 4.0 * w * (n - 1) / n if n > 1 else 0.0

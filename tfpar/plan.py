@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 from tfpar.analysis import format_table
 
-ROUTES = ("allreduce", "allgather", "replicated")
+ROUTES = ("allreduce", "allgather", "ps", "replicated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +20,20 @@ class GradientPlan:
 
     values: str
     indices: Optional[str] = None
+    scope: str = ""  # the optimizer's update name scope ("" for a lone op)
+    ops: Tuple[str, ...] = ()  # the ops that write the variable and its slots
+
+
+@dataclasses.dataclass(frozen=True)
+class PartPlan:
+    """One part of a variable on a parameter server: rows [start, stop) on PS task `ps_task`.
+
+    stop is None for a variable kept whole (a scalar, or a dense variable in PS mode).
+    """
+
+    ps_task: int
+    start: int = 0
+    stop: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +41,10 @@ class VariablePlan:
     """Where one variable lives and how its gradient is combined across workers.
 
     route: "allreduce" (dense gradient, Horovod allreduce), "allgather" (sparse gradient,
-    Horovod allgather of values and indices) or "replicated" (no gradient: a copy on every
-    worker, set equal at start by a broadcast from worker 0).
+    Horovod allgather of values and indices), "ps" (stored in `parts` on the parameter
+    servers; workers push gradients there and the chief applies the optimizer; optimizer
+    slots follow their variable's parts) or "replicated" (a copy on every worker, set equal
+    at start by a broadcast from worker 0).
     """
 
     name: str
@@ -42,6 +58,8 @@ class VariablePlan:
     gradients: Tuple[GradientPlan, ...] = ()
     partition_of: Optional[str] = None
     predicted_bytes: Optional[float] = None  # per worker per step, sent + received
+    parts: Tuple[PartPlan, ...] = ()
+    slot_of: Optional[str] = None
 
     def __post_init__(self):
         if self.route not in ROUTES:
@@ -59,6 +77,28 @@ class Plan:
     variables: Tuple[VariablePlan, ...]
     global_step: Optional[str] = None
     notes: Tuple[str, ...] = ()
+    local_aggregation: bool = False  # PS pushes combined per host first
+
+    @property
+    def num_ps(self) -> int:
+        """Parameter-server tasks: one per host when any variable is on them, else none."""
+        return len(self.hosts) if any(v.route == "ps" for v in self.variables) else 0
+
+    def host_of_rank(self, rank: int) -> int:
+        start = 0
+        for i, (_, slots) in enumerate(self.hosts):
+            start += slots
+            if rank < start:
+                return i
+        raise IndexError(rank)
+
+    def ps_load(self) -> Tuple[int, ...]:
+        """Bytes stored on each PS task (variables and slots)."""
+        load = [0] * self.num_ps
+        for v in self.variables:
+            for p in v.parts:
+                load[p.ps_task] += _part_bytes(v, p)
+        return tuple(load)
 
     def variable(self, name: str) -> VariablePlan:
         for v in self.variables:
@@ -71,7 +111,7 @@ class Plan:
         """Bytes one worker sends plus receives per step (None if a size is unknown)."""
         total = 0.0
         for v in self.variables:
-            if v.route == "replicated":
+            if v.route == "replicated" or not v.gradients:
                 continue
             if v.predicted_bytes is None:
                 return None
@@ -89,7 +129,9 @@ class Plan:
     def from_dict(cls, d: dict) -> "Plan":
         variables = tuple(
             VariablePlan(**{**v, "shape": tuple(v["shape"]),
-                            "gradients": tuple(GradientPlan(**g) for g in v["gradients"])})
+                            "gradients": tuple(GradientPlan(**{**g, "ops": tuple(g["ops"])})
+                                               for g in v["gradients"]),
+                            "parts": tuple(PartPlan(**p) for p in v["parts"])})
             for v in d["variables"])
         return cls(**{**d, "hosts": tuple(tuple(h) for h in d["hosts"]), "variables": variables,
                       "notes": tuple(d.get("notes", ()))})
@@ -100,13 +142,14 @@ class Plan:
 
     # -- display ---------------------------------------------------------------------------
     def table(self) -> str:
-        rows = [("variable", "shape", "bytes", "gradient/role", "route", "reduce",
-                 "bytes/step/worker")]
+        rows = [("variable", "shape", "bytes", "gradient/role", "route", "parts (rows@ps)",
+                 "reduce", "bytes/step/worker")]
         for v in self.variables:
             rows.append((v.name, "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]",
                          "?" if v.nbytes is None else f"{v.nbytes:,}",
-                         v.kind if v.role == "trained" else v.role, v.route,
-                         v.reduction or "-", _fmt_bytes(v.predicted_bytes, v.route)))
+                         v.kind if v.role == "trained" else v.role, v.route, _fmt_parts(v.parts),
+                         v.reduction or "-",
+                         _fmt_bytes(v.predicted_bytes, v.route if v.gradients else "replicated")))
         hosts = ",".join(f"{h}:{n}" for h, n in self.hosts)
         head = (f"tfpar plan: run_mode={self.run_mode} (runs as {self.mode}), "
                 f"{self.num_workers} worker(s) on {hosts}")
@@ -114,10 +157,31 @@ class Plan:
         foot = ("predicted communication per worker per step: "
                 + ("unknown (a gradient size is not static)" if total is None
                    else f"{total:,.0f} bytes"))
-        return "\n".join([head, format_table(rows), foot] + [f"note: {n}" for n in self.notes])
+        lines = [head, format_table(rows), foot]
+        if self.num_ps:
+            load = ", ".join(f"ps:{i}@{self.hosts[i][0]} {b:,} B" for i, b in
+                             enumerate(self.ps_load()))
+            lines.append(f"parameter servers: {load}; local aggregation "
+                         f"{'on' if self.local_aggregation else 'off'}")
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def __str__(self):
         return self.table()
+
+
+def _part_bytes(v: VariablePlan, p: PartPlan) -> int:
+    if v.nbytes is None:
+        return 0
+    if p.stop is None or not v.shape or not v.shape[0]:
+        return v.nbytes
+    return v.nbytes * (p.stop - p.start) // v.shape[0]
+
+
+def _fmt_parts(parts) -> str:
+    if not parts:
+        return "-"
+    return " ".join(f"all@{p.ps_task}" if p.stop is None else f"{p.start}:{p.stop}@{p.ps_task}"
+                    for p in parts)
 
 
 def _fmt_bytes(b, route) -> str:

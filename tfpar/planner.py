@@ -1,58 +1,185 @@
-"""Deciding the Plan: the route of every variable, from the analysis, the config and the layout."""
+"""Deciding the Plan: the route of every variable, from the analysis, the config and the layout.
+
+- AR: dense gradients -> Horovod allreduce, sparse -> Horovod allgather.
+- HYBRID (default): dense -> allreduce; sparse variables (and their optimizer slots) live on
+  the parameter servers, one PS task per host, split into row ranges balanced by bytes.
+  With no sparse variable it runs as AR.
+- PS: every trained variable lives on the parameter servers.
+"""
 from __future__ import annotations
 
 import math
+from typing import Dict, List, Optional, Tuple
 
 from tfpar import cost
 from tfpar.analysis import GraphAnalysis, VariableInfo
 from tfpar.config import Config
-from tfpar.errors import NotYetSupportedError
-from tfpar.plan import GradientPlan, Plan, VariablePlan
+from tfpar.errors import NotYetSupportedError, TfparError
+from tfpar.plan import GradientPlan, PartPlan, Plan, VariablePlan
 from tfpar.resources import Layout
+
+# Sparse optimizer kernels: a sparse variable updated by anything else gets a dense update.
+_SPARSE_WRITERS_PREFIXES = ("ResourceSparseApply", "SparseApply", "ResourceScatter", "Scatter")
 
 
 def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout) -> Plan:
-    """Routes dense gradients to allreduce and (in AR mode) sparse ones to allgather."""
+    """Routes every variable of `analysis` for `config.run_mode` on `layout`."""
     n = layout.num_workers
     sparse = [v.name for v in analysis.trained if v.kind == "sparse"]
-    notes = []
-    if config.run_mode == "PS":
-        raise NotYetSupportedError(
-            "run_mode='PS' (every variable on parameter servers) is not supported yet; "
-            "use tfpar.Config(run_mode='AR')")
-    if config.run_mode == "HYBRID":
-        if sparse:
-            raise NotYetSupportedError(
-                f"HYBRID mode puts sparse variables on parameter servers, which is not supported "
-                f"yet (sparse: {', '.join(sparse)}); use tfpar.Config(run_mode='AR') to combine "
-                "their gradients with Horovod allgather")
+    notes: List[str] = []
+    if config.run_mode == "HYBRID" and not sparse:
+        mode = "AR"
         notes.append("no sparse variable: HYBRID runs as AR (dense allreduce)")
-    variables = tuple(_variable_plan(v, config, n) for v in analysis.variables)
-    return Plan(run_mode=config.run_mode, mode="AR", num_workers=n,
-                hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=variables,
-                global_step=analysis.global_step, notes=tuple(notes))
+    else:
+        mode = config.run_mode
+    on_ps = {v.name for v in analysis.trained
+             if mode == "PS" or (mode == "HYBRID" and v.kind == "sparse")}
+    parts = _parts(analysis, config, on_ps, len(layout.hosts), notes)
+    variables = []
+    for v in analysis.variables:
+        if v.name in on_ps:
+            variables.append(_ps_plan(v, config, n, parts[v.name]))
+        elif v.role == "slot" and v.slot_of in on_ps:
+            owner = analysis.variable(v.slot_of)
+            if v.shape[:1] != owner.shape[:1]:
+                raise NotYetSupportedError(
+                    f"slot {v.name!r} of {owner.name!r} has shape {list(v.shape)}, not the "
+                    "variable's rows: tfpar cannot split it with its variable")
+            variables.append(VariablePlan(route="ps", parts=parts[owner.name],
+                                          slot_of=owner.name, **_common(v)))
+        else:
+            variables.append(_variable_plan(v, config, n))
+    return Plan(run_mode=config.run_mode, mode=mode, num_workers=n,
+                hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
+                global_step=analysis.global_step, notes=tuple(notes),
+                local_aggregation=bool(on_ps) and config.local_aggregation)
+
+
+def _common(v: VariableInfo) -> dict:
+    return dict(name=v.name, shape=v.shape, dtype=v.dtype, nbytes=v.nbytes, role=v.role,
+                kind=v.kind, partition_of=v.partition.full_name if v.partition else None)
+
+
+def _gradients(v: VariableInfo) -> Tuple[GradientPlan, ...]:
+    return tuple(GradientPlan(u.gradient.values, u.gradient.indices, u.scope, u.ops)
+                 for u in v.updates)
 
 
 def _variable_plan(v: VariableInfo, config: Config, n: int) -> VariablePlan:
-    common = dict(name=v.name, shape=v.shape, dtype=v.dtype, nbytes=v.nbytes, role=v.role,
-                  kind=v.kind, partition_of=v.partition.full_name if v.partition else None)
     if v.role != "trained":
-        return VariablePlan(route="replicated", **common)
-    grads = tuple(GradientPlan(u.gradient.values, u.gradient.indices) for u in v.updates)
+        return VariablePlan(route="replicated", **_common(v))
+    grads = _gradients(v)
     if v.kind == "dense":
         predicted = None if v.nbytes is None else cost.allreduce_bytes(v.nbytes, n) * len(grads)
         return VariablePlan(route="allreduce", gradients=grads, predicted_bytes=predicted,
-                            reduction="average" if config.average_dense else "sum", **common)
-    predicted = 0.0
+                            reduction="average" if config.average_dense else "sum", **_common(v))
+    values = _values_bytes(v)
+    # Parallax's model counts values only (index traffic neglected).
+    predicted = None if values is None else sum(cost.allgather_bytes(b, n) for b in values)
+    return VariablePlan(route="allgather", gradients=grads, predicted_bytes=predicted,
+                        reduction="average" if config.average_sparse else "sum", **_common(v))
+
+
+def _ps_plan(v: VariableInfo, config: Config, n: int, parts) -> VariablePlan:
+    if not v.resource:
+        raise NotYetSupportedError(
+            f"variable {v.name!r} is a reference variable (VariableV2); tfpar places only "
+            "resource variables on parameter servers: create it with use_resource=True, or "
+            "use tfpar.Config(run_mode='AR')")
+    for u in v.updates:
+        if v.kind == "sparse" and not any(t.startswith(_SPARSE_WRITERS_PREFIXES)
+                                          for t in u.op_types):
+            raise TfparError(
+                f"sparse variable {v.name!r} is updated by {', '.join(u.op_types)}, a dense "
+                "update: its optimizer has no sparse apply, so every row would be written each "
+                "step. Use an optimizer with a sparse update (GradientDescent, Momentum, "
+                "Adagrad, Adam) or tfpar.Config(run_mode='AR')")
+        if u.gradient.post_processed:
+            raise NotYetSupportedError(
+                f"the gradient of {v.name!r} is post-processed (e.g. clipped) before its update; "
+                "tfpar cannot yet do that on the parameter servers: use run_mode='AR', or "
+                "clip only dense variables in HYBRID mode")
+    grads = _gradients(v)
+    if v.kind == "sparse":
+        values = _values_bytes(v)
+        average = config.average_sparse
+        predicted = None if values is None else sum(cost.ps_bytes(b, n) for b in values)
+    else:
+        average = config.average_dense
+        predicted = None if v.nbytes is None else cost.ps_bytes(v.nbytes, n) * len(grads)
+    return VariablePlan(route="ps", gradients=grads, predicted_bytes=predicted, parts=parts,
+                        reduction="average" if average else "sum", **_common(v))
+
+
+def _values_bytes(v: VariableInfo) -> Optional[List[int]]:
+    out = []
     for u in v.updates:
         shape = u.gradient.values_shape
         if not shape or any(d is None for d in shape):
-            predicted = None
-            break
-        # Parallax's model counts values only (index traffic neglected).
-        predicted += cost.allgather_bytes(math.prod(shape) * _itemsize(v.dtype), n)
-    return VariablePlan(route="allgather", gradients=grads, predicted_bytes=predicted,
-                        reduction="average" if config.average_sparse else "sum", **common)
+            return None
+        out.append(math.prod(shape) * _itemsize(v.dtype))
+    return out
+
+
+def _parts(analysis: GraphAnalysis, config: Config, on_ps, num_ps: int,
+           notes: List[str]) -> Dict[str, Tuple[PartPlan, ...]]:
+    """Row ranges of every PS variable, placed on PS tasks by bytes (largest first)."""
+    requested = config.partitions if isinstance(config.partitions, dict) else {}
+    unknown = sorted(set(requested) - {v.name for v in analysis.variables})
+    if unknown:
+        raise TfparError(f"Config.partitions names {', '.join(unknown)}, which the graph does "
+                         "not have; give variable names as in tfpar.analyse(graph).table()")
+    ranges: Dict[str, List[Tuple[int, Optional[int]]]] = {}
+    weights: Dict[str, int] = {}
+    for v in analysis.trained:
+        if v.name not in on_ps:
+            if v.name in requested:
+                raise TfparError(f"Config.partitions names {v.name!r}, which is not on the "
+                                 f"parameter servers (its gradient is {v.kind}); remove it")
+            continue
+        slots = [analysis.variable(s) for s in v.slots]
+        weights[v.name] = (v.nbytes or 0) + sum(s.nbytes or 0 for s in slots)
+        if v.kind == "dense" or not v.shape:
+            ranges[v.name] = [(0, None)]
+            continue
+        rows = v.shape[0]
+        if rows is None:
+            raise TfparError(f"sparse variable {v.name!r} has an unknown number of rows; "
+                             "give it a static shape")
+        if v.partition is not None:
+            count = 1  # a piece of the user's own partitioner: keep it whole
+            if v.name in requested and requested[v.name] != 1:
+                raise TfparError(f"{v.name!r} is already a piece of the partitioned variable "
+                                 f"{v.partition.full_name!r}; its partitioner decides the parts")
+        else:
+            count = requested.get(v.name, config.partitions if isinstance(config.partitions, int)
+                                  else num_ps)
+        if count > rows:
+            raise TfparError(f"cannot split variable {v.name!r} into {count} parts: it has only "
+                             f"{rows} rows; use tfpar.Config(partitions=...) of at most {rows}")
+        # Row ranges as tf.compat.v1.fixed_size_partitioner cuts them: the first ones larger.
+        base, extra = divmod(rows, count)
+        bounds = [0]
+        for k in range(count):
+            bounds.append(bounds[-1] + base + (1 if k < extra else 0))
+        ranges[v.name] = list(zip(bounds[:-1], bounds[1:]))
+    # Greedy longest-processing-time placement: the heaviest part goes to the lightest task.
+    pieces = []
+    for name, rs in ranges.items():
+        rows = analysis.variable(name).shape[0] if analysis.variable(name).shape else None
+        for k, (start, stop) in enumerate(rs):
+            share = 1.0 if stop is None or not rows else (stop - start) / rows
+            pieces.append((weights[name] * share, name, k))
+    load = [0.0] * max(num_ps, 1)
+    task_of: Dict[Tuple[str, int], int] = {}
+    for w, name, k in sorted(pieces, key=lambda p: (-p[0], p[1], p[2])):
+        t = min(range(len(load)), key=lambda i: (load[i], i))
+        task_of[(name, k)] = t
+        load[t] += w
+    if ranges:
+        notes.append(f"parameter servers: {num_ps} (one per host)")
+    return {name: tuple(PartPlan(task_of[(name, k)], start, stop)
+                        for k, (start, stop) in enumerate(rs)) for name, rs in ranges.items()}
 
 
 def _itemsize(dtype: str) -> int:

@@ -14,8 +14,11 @@ from tfpar.plan import Plan
 from tfpar.planner import make_plan
 from tfpar.resources import parse_resources, reconcile
 from tfpar.shard import with_shard_values
+from tfpar.transform import surgery
 from tfpar.transform.allreduce import apply_allreduce
 from tfpar.transform.graph_copy import copy_graph, to_meta_graph
+from tfpar.transform.parameter_server import apply_parameter_server, worker_device
+from tfpar.transform.traffic import PATHS, Traffic, counters
 
 log = logging.getLogger("tfpar")
 
@@ -44,24 +47,74 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     hvd = runtime.horovod()
     layout = reconcile(requested, runtime.current_layout())
     plan = make_plan(analysis, config, layout)
+    rank = hvd.rank()
+    host = layout.hosts[layout.host_of_rank(rank)]
+    session_config = runtime.session_config(config.session_config, host.gpus)
 
-    rewritten = copy_graph(with_shard_values(meta, hvd.size(), hvd.rank()))
-    apply_allreduce(rewritten, plan)
-    init = runtime.init_op(rewritten)
-    broadcast = runtime.broadcast_op(rewritten)
-    host = layout.hosts[layout.host_of_rank(hvd.rank())]
-    session = tf.compat.v1.Session(
-        graph=rewritten, config=runtime.session_config(config.session_config, host.gpus))
+    rewritten = copy_graph(with_shard_values(meta, hvd.size(), rank))
+    cluster = ps = None
+    if plan.num_ps:
+        from tfpar.cluster import get_cluster  # only PS jobs start servers
+        cluster = get_cluster(layout, session_config)
+    try:
+        traffic = Traffic(rewritten, worker_device(rank) if cluster else "")
+        if cluster:
+            ps = apply_parameter_server(rewritten, plan, rank, traffic,
+                                        f"tfpar/r{cluster.next_generation()}")
+        apply_allreduce(rewritten, plan, traffic)
+        _count_steps(rewritten, plan, ps, traffic.build())
+        if cluster:
+            _pin_to_worker(rewritten, rank)
+        init = runtime.init_op(rewritten)
+        broadcast = runtime.broadcast_op(rewritten)
+        session = tf.compat.v1.Session(
+            target=cluster.target if cluster else "", graph=rewritten,
+            config=cluster.session_config(session_config) if cluster else session_config)
+    except BaseException as e:
+        if cluster:
+            cluster.abort(_reason(e))
+        raise
     try:
         session.run(init)
+        if ps is not None and rank == 0:
+            session.run(ps.init)
         session.run(broadcast)
-    except Exception:
+        if ps is not None:
+            runtime.allgather_strings("initialised")  # no worker reads a PS part before this
+    except BaseException as e:
         session.close()
+        if cluster:
+            cluster.abort(_reason(e))
         raise
-    if hvd.rank() == 0:
+    if rank == 0:
         log.info("%s", plan.table())
     source = graph if isinstance(graph, tf.Graph) else None
-    return Runner(session, rewritten, plan, hvd.rank(), hvd.size(), source)
+    return Runner(session, rewritten, plan, rank, hvd.size(), source, ps)
+
+
+def _reason(e: BaseException) -> str:
+    text = getattr(e, "message", None) or str(e)
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {' '.join(lines[:2])[:400]}"
+
+
+def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation):
+    """Makes every training step also run the traffic counters' update."""
+    if ps is not None:
+        surgery.add_control_inputs(ps.step, [traffic_step])
+    for v in plan.variables:
+        if v.route in ("allreduce", "allgather"):
+            for g in v.gradients:
+                for name in g.ops:
+                    surgery.add_control_inputs(graph.get_operation_by_name(name), [traffic_step])
+
+
+def _pin_to_worker(graph: tf.Graph, rank: int):
+    """Ops placed on no job run on this worker (the PS ops were placed explicitly)."""
+    for op in graph.get_operations():
+        spec = tf.DeviceSpec.from_string(op.device or "")
+        if spec.job is None:
+            surgery.set_device(op, spec.replace(job="worker", task=rank).to_string())
 
 
 class Runner:
@@ -72,14 +125,17 @@ class Runner:
     """
 
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
-                 source_graph: Optional[tf.Graph] = None):
+                 source_graph: Optional[tf.Graph] = None, ps=None):
         self._session = session
+        self._ps = ps
+        self._replaced = dict(ps.replaced) if ps is not None else {}
+        self._counters = counters(graph)
         self._graph = graph
         self._plan = plan
         self._worker_id = worker_id
         self._num_workers = num_workers
         self._source = source_graph
-        self._reads: Dict[str, tf.Tensor] = {}
+        self._reads: Dict[str, tf.Tensor] = dict(ps.reads) if ps is not None else {}
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
     num_workers = property(lambda self: self._num_workers, doc="How many workers the job has.")
@@ -99,8 +155,31 @@ class Runner:
         return self._session.run(mapped, feed_dict=feeds, options=options,
                                  run_metadata=run_metadata)
 
+    def communication(self) -> Dict[str, float]:
+        """Bytes this worker moved so far, per path, from the tensors actually sent.
+
+        Keys: "allreduce" and "allgather" (ring algorithms: sent plus received), "ps_push"
+        (gradients pushed to parameter servers), "ps_pull" (rows and variables read from
+        them), and "steps" (training steps run). Divide by "steps" for bytes per step.
+        """
+        if self._session is None:
+            raise TfparError("this tfpar Runner is closed")
+        names = list(PATHS) + ["steps"]
+        values = self._session.run([self._counters[k].read_value() for k in names])
+        return dict(zip(names, (float(v) for v in values)))
+
+    def ps_pushes(self) -> Dict[str, int]:
+        """{"variable/part_k": pushes its parameter server received so far} (PS jobs)."""
+        if self._ps is None:
+            return {}
+        keys = sorted(self._ps.pushes)
+        values = self._session.run([self._ps.pushes[k].read_value() for k in keys])
+        return {k: int(v) for k, v in zip(keys, values)}
+
     def close(self):
-        """Closes the session; the Horovod job stays up for other runners of this process."""
+        """Closes the session. The Horovod job, and in a PS job the parameter servers, stay
+        up until the process exits: then each worker waits for all the others, so no PS
+        stops while another worker may still read from it."""
         if self._session is not None:
             self._session.close()
             self._session = None
@@ -128,6 +207,8 @@ class Runner:
         else:
             raise TfparError(f"cannot {'feed' if feed else 'fetch'} {x!r}: give a tensor, op, "
                              "variable or name of the graph passed to tfpar.get_runner")
+        if name in self._replaced and not feed:
+            return self._replaced[name]
         try:
             el = self._graph.as_graph_element(name)
         except (KeyError, ValueError) as e:

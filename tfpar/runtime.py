@@ -13,9 +13,6 @@ import tensorflow as tf
 
 from tfpar.resources import Layout, job_layout
 
-_HOST_BYTES = 256
-
-
 def horovod():
     """Horovod's TensorFlow module, initialised (a lone process is a job of size 1)."""
     import horovod.tensorflow as hvd
@@ -30,19 +27,29 @@ def hostname() -> str:
 
 def current_layout() -> Layout:
     """The layout of the running job (every rank's host, gathered from all ranks)."""
+    return job_layout(allgather_strings(hostname()))
+
+
+def allgather_strings(text: str) -> List[str]:
+    """Every rank's `text`, in rank order (a Horovod allgather; also a barrier)."""
     hvd = horovod()
     if hvd.size() == 1:
-        return job_layout([hostname()])
-    buf = np.zeros(_HOST_BYTES, np.uint8)
-    raw = hostname().encode()[:_HOST_BYTES]
-    buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+        return [text]
+    raw = text.encode()
+    lengths = _allgather(np.array([[len(raw)]], np.int64), "tfpar_string_lengths")[:, 0]
+    buf = np.zeros((1, int(lengths.max())), np.uint8)
+    buf[0, :len(raw)] = np.frombuffer(raw, np.uint8)
+    rows = _allgather(buf, "tfpar_strings")
+    return [bytes(r[:n]).decode() for r, n in zip(rows, lengths)]
+
+
+def _allgather(array: np.ndarray, name: str) -> np.ndarray:
+    hvd = horovod()
     g = tf.Graph()
     with g.as_default():
-        gathered = hvd.allgather(tf.constant(buf[None, :]), name="tfpar_layout_hostnames")
+        gathered = hvd.allgather(tf.constant(array), name=name)
         with tf.compat.v1.Session(graph=g) as sess:
-            rows = sess.run(gathered)
-    names: List[str] = [bytes(r).rstrip(b"\0").decode() for r in rows]
-    return job_layout(names)
+            return sess.run(gathered)
 
 
 def session_config(user_config=None, host_gpus=()) -> "tf.compat.v1.ConfigProto":

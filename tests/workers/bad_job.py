@@ -13,9 +13,20 @@ case = sys.argv[1]
 if case == "resources":
     graph, _ = models.build()
     tfpar.get_runner(graph, "localhost:3")
-elif case == "sparse_hybrid":
+elif case == "partitions":
     graph, _ = models.build(sparse=True)
+    tfpar.get_runner(graph, config=tfpar.Config(partitions=50))
+elif case == "sparse_apply":
+    graph = tf.Graph()
+    with graph.as_default():
+        emb = tf.compat.v1.get_variable("emb", [10, 3], use_resource=True)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2, 2]))
+        (grad, var), = tf.compat.v1.train.AdamOptimizer(0.1).compute_gradients(loss)
+        tf.compat.v1.train.AdamOptimizer(0.1).apply_gradients([(tf.convert_to_tensor(grad), var)])
     tfpar.get_runner(graph)
+elif case == "more_hosts":
+    graph, _ = models.build(sparse=True)
+    tfpar.get_runner(graph, "localhost:1,127.0.0.1:1")
 elif case == "run_mode":
     graph, _ = models.build()
     tfpar.get_runner(graph, config=tfpar.Config(run_mode="ALLREDUCE"))

@@ -37,7 +37,8 @@ def main(scenarios_path, out_dir):
             b = sc["batch"]
             lo, hi = runner.worker_id * b, (runner.worker_id + 1) * b
             losses = []
-            for x, y, ids in models.batches(sc["steps"], b * runner.num_workers):
+            for x, y, ids in models.batches(sc["steps"], b * runner.num_workers,
+                                            vocab=sc.get("vocab")):
                 loss, _ = runner.run([h["loss"], h["train_op"]],
                                      feed_dict=models.feed(h, x[lo:hi], y[lo:hi], ids[lo:hi]))
                 losses.append(loss)
@@ -48,6 +49,8 @@ def main(scenarios_path, out_dir):
             arrays.update({f"final/{n}": v for n, v in zip(names, final)})
             arrays["losses"] = np.array(losses)
             arrays["plan"] = np.array(runner.plan.to_json())
+            arrays["communication"] = np.array(json.dumps(runner.communication()))
+            arrays["ps_pushes"] = np.array(json.dumps(runner.ps_pushes()))
             np.savez(os.path.join(d, f"rank{runner.worker_id}.npz"), **arrays)
 
 

@@ -7,18 +7,21 @@ gradient exactly as single-device training on the concatenated batch would.
 from __future__ import annotations
 
 import re
-from typing import Dict
+from typing import Dict, Optional
 
 import tensorflow as tf
 
 from tfpar.plan import Plan
 from tfpar.transform import surgery
+from tfpar.transform.traffic import Traffic
 
 
-def apply_allreduce(graph: tf.Graph, plan: Plan) -> Dict[str, str]:
+def apply_allreduce(graph: tf.Graph, plan: Plan,
+                    traffic: Optional[Traffic] = None) -> Dict[str, str]:
     """Rewrites `graph` in place for the plan's allreduce and allgather routes.
 
     Returns {raw gradient tensor name: name of the combined tensor that replaced it}.
+    `traffic`, if given, counts each collective's bytes per worker (ring algorithms).
     """
     import horovod.tensorflow as hvd
 
@@ -31,16 +34,22 @@ def apply_allreduce(graph: tf.Graph, plan: Plan) -> Dict[str, str]:
                 scope = f"tfpar/{v.route}/{_safe(v.name)}_{k}/"
                 with tf.compat.v1.name_scope(scope):
                     values = graph.get_tensor_by_name(g.values)
+                    n = plan.num_workers
                     if v.route == "allreduce":
                         op = hvd.Average if v.reduction == "average" else hvd.Sum
                         combined = {values: hvd.allreduce(values, op=op, name="allreduce")}
+                        if traffic is not None:
+                            traffic.add("allreduce", _nbytes(values) * (4.0 * (n - 1) / n))
                     elif v.route == "allgather":
                         indices = graph.get_tensor_by_name(g.indices)
-                        gathered = hvd.allgather(values, name="allgather_values")
+                        all_values = hvd.allgather(values, name="allgather_values")
+                        all_indices = hvd.allgather(indices, name="allgather_indices")
+                        if traffic is not None:  # a ring passes on everyone else's rows
+                            for mine, everyone in ((values, all_values), (indices, all_indices)):
+                                traffic.add("allgather", 2.0 * (_nbytes(everyone) - _nbytes(mine)))
                         if v.reduction == "average":
-                            gathered = gathered / tf.cast(plan.num_workers, gathered.dtype)
-                        combined = {values: gathered,
-                                    indices: hvd.allgather(indices, name="allgather_indices")}
+                            all_values = all_values / tf.cast(n, all_values.dtype)
+                        combined = {values: all_values, indices: all_indices}
                     else:
                         continue
                 for old, new in combined.items():
@@ -48,6 +57,10 @@ def apply_allreduce(graph: tf.Graph, plan: Plan) -> Dict[str, str]:
                                                          if c.name.startswith(scope)])
                     replaced[old.name] = new.name
     return replaced
+
+
+def _nbytes(t: tf.Tensor) -> tf.Tensor:
+    return tf.cast(tf.size(t, out_type=tf.int64) * t.dtype.size, tf.float64)
 
 
 def _safe(name: str) -> str:

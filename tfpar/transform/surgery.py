@@ -6,7 +6,7 @@ one small module, and its tests say so.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Dict, Iterable, List
 
 import tensorflow as tf
 
@@ -23,3 +23,68 @@ def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Iterable[tf.Operation] = 
                 consumer._update_input(i, new)  # pylint: disable=protected-access
                 count += 1
     return count
+
+
+def set_device(op: tf.Operation, device: str) -> None:
+    """Places an existing op."""
+    op._set_device(device)  # pylint: disable=protected-access
+
+
+def replace_control_inputs(op: tf.Operation, old: Iterable[tf.Operation],
+                           new: tf.Operation) -> bool:
+    """Makes `op` wait for `new` instead of any op in `old`; returns whether it changed."""
+    old = set(old)
+    current = list(op.control_inputs)
+    if not any(c in old for c in current):
+        return False
+    kept = [c for c in current if c not in old]
+    op._remove_all_control_inputs()  # pylint: disable=protected-access
+    op._add_control_inputs(list(dict.fromkeys(kept + [new])))  # pylint: disable=protected-access
+    return True
+
+
+def add_control_inputs(op: tf.Operation, deps: Iterable[tf.Operation]) -> None:
+    op._add_control_inputs([d for d in deps if d not in op.control_inputs])  # pylint: disable=protected-access
+
+
+def clone_ops(ops: Iterable[tf.Operation], inputs: Dict[tf.Tensor, tf.Tensor], scope: str,
+              device_of: Callable[[tf.Operation, List[tf.Tensor]], str], strip_prefix: str = ""
+              ) -> Dict[tf.Operation, tf.Operation]:
+    """Copies a set of ops (types, attributes, wiring among themselves) under name `scope`.
+
+    Inputs from outside the set are taken from `inputs` when listed there, else shared with
+    the originals. Colocation attributes are dropped: `device_of(op, new_inputs)` places
+    each copy. Returns {original: copy}.
+    """
+    ops = list(ops)
+    members = set(ops)
+    order, seen = [], set()
+
+    def visit(op):
+        if op in seen:
+            return
+        seen.add(op)
+        for dep in [t.op for t in op.inputs] + list(op.control_inputs):
+            if dep in members:
+                visit(dep)
+        order.append(op)
+
+    for op in sorted(ops, key=lambda o: o.name):
+        visit(op)
+    graph = ops[0].graph if ops else None
+    copies: Dict[tf.Operation, tf.Operation] = {}
+    for op in order:
+        new_inputs = [copies[t.op].outputs[t.value_index] if t.op in copies
+                      else inputs.get(t, t) for t in op.inputs]
+        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
+        suffix = (op.name[len(strip_prefix):] if strip_prefix and op.name.startswith(strip_prefix)
+                  else op.name.rsplit("/", 1)[-1])
+        new = graph._create_op_internal(  # pylint: disable=protected-access
+            op.type, new_inputs, [o.dtype for o in op.outputs], name=scope + suffix,
+            attrs=attrs, op_def=op.op_def, compute_device=False)
+        new._set_device(device_of(op, new_inputs))  # pylint: disable=protected-access
+        deps = [copies.get(c, c) for c in op.control_inputs]
+        if deps:
+            new._add_control_inputs(deps)  # pylint: disable=protected-access
+        copies[op] = new
+    return copies

@@ -1,0 +1,51 @@
+"""The single-device reference run, and the check that N workers reproduced it.
+
+Tolerance: fp32, rtol=1e-5 and atol=1e-6. Gradients summed in another order (per worker,
+then across workers) differ in the last bits; nothing else may differ.
+"""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import models
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def single_device(scenario, n, init):
+    """Trains the scenario's graph on one device with the concatenated batch."""
+    graph, h = models.build(**scenario["model"])
+    with graph.as_default():
+        variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for v in variables:
+                v.load(init[v.op.name], sess)
+            losses = []
+            for x, y, ids in models.batches(scenario["steps"], scenario["batch"] * n,
+                                            vocab=scenario.get("vocab")):
+                loss, _ = sess.run([h["loss"], h["train_op"]], feed_dict=models.feed(h, x, y, ids))
+                losses.append(loss)
+            return models.variable_values(sess, graph), losses
+
+
+def check(out_dir, scenario, n):
+    ranks = [np.load(os.path.join(out_dir, scenario["name"], f"rank{r}.npz")) for r in range(n)]
+    names = [k[len("init/"):] for k in ranks[0].files if k.startswith("init/")]
+    init0 = {k: ranks[0][f"init/{k}"] for k in names}
+    # The broadcast made every worker start from worker 0's values, exactly.
+    for r in ranks[1:]:
+        for k in names:
+            np.testing.assert_array_equal(r[f"init/{k}"], init0[k], err_msg=f"init {k}")
+    expected, losses = single_device(scenario, n, init0)
+    assert set(expected) == set(names)
+    for r, data in enumerate(ranks):
+        for k in names:
+            np.testing.assert_allclose(data[f"final/{k}"], expected[k], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{scenario['name']}: {k} on worker {r}")
+    # Training moved the variables (the comparison is not between two untouched copies).
+    moved = [k for k in names if not np.allclose(expected[k], init0[k])]
+    assert "w1" in moved and "global_step" in moved
+    assert int(expected["global_step"]) == scenario["steps"]
+    return ranks

@@ -1,0 +1,399 @@
+"""The PS rewrite: variables of the plan's "ps" route live in parts on the parameter servers.
+
+Per step, for each such variable (synchronous, as single-device training):
+
+1. forward: the worker reads only the rows it needs: the unique ids of each lookup are
+   split by part and gathered on the part's PS (a dense read pulls the whole part);
+2. its gradient is combined on the worker (duplicate ids summed), split by part and pushed
+   into accumulators (SUM) on the PS tasks: into the host's local accumulator when local
+   aggregation is on, whose sum the host's first worker forwards to the owning PS;
+3. the chief takes each part's sum, scales it for averaging, and runs a copy of the user's
+   own optimizer update ops on the part (its variable and slot parts), on the PS;
+4. then it puts one token in every other worker's queue; a worker ends its step by taking
+   its token, so step k+1 always reads what step k wrote.
+
+The accumulators drop gradients older than their step, so every worker counts its steps
+(`tfpar/sync/step`) and pushes with that count.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from tfpar.errors import NotYetSupportedError, TfparError
+from tfpar.plan import PartPlan, Plan, VariablePlan
+from tfpar.transform import surgery
+from tfpar.transform.traffic import Traffic
+
+PS_VARIABLES = "tfpar_ps_variables"  # collection of the part variables (the chief initialises)
+_DEAD_CONSUMERS = ("VarIsInitializedOp", "DestroyResourceOp")
+# The Saver that importing a MetaGraphDef adds; checkpoints of PS parts are not done yet.
+_SAVER_SCOPE = re.compile(r"^save(_\d+)?/")
+
+
+def ps_device(task: int) -> str:
+    return f"/job:ps/task:{task}/device:CPU:0"
+
+
+def worker_device(rank: int) -> str:
+    return f"/job:worker/task:{rank}"
+
+
+@dataclasses.dataclass
+class PsRewrite:
+    """What the runner needs from the rewrite."""
+
+    reads: Dict[str, tf.Tensor]  # variable name -> its whole value, read from its parts
+    replaced: Dict[str, tf.Tensor]  # original tensor name -> the tensor that replaced it
+    pushes: Dict[str, tf.Variable]  # "var/part_k" -> count of pushes its PS received (chief)
+    init: tf.Operation  # initialises the parts (run by the chief only)
+    step: tf.Operation  # ends a training step: what the original updates' users now wait for
+
+
+def apply_parameter_server(graph: tf.Graph, plan: Plan, rank: int, traffic: Traffic,
+                           prefix: str = "tfpar") -> PsRewrite:
+    """Rewrites `graph` (in place) for worker `rank` so the plan's "ps" variables live on the PS.
+
+    `prefix` names the state this rewrite shares on the parameter servers (parts,
+    accumulators, queues); runners of one job that follow each other use different ones.
+    """
+    return _Rewriter(graph, plan, rank, traffic, prefix).run()
+
+
+class _Rewriter:
+    def __init__(self, graph, plan: Plan, rank: int, traffic: Traffic, prefix: str):
+        self.g, self.plan, self.rank, self.traffic = graph, plan, rank, traffic
+        self.prefix = prefix
+        self.worker = worker_device(rank)
+        self.host = plan.host_of_rank(rank)
+        self.ps_vars = [v for v in plan.variables if v.route == "ps" and v.slot_of is None]
+        self.slots = {v.name: [s for s in plan.variables if s.slot_of == v.name]
+                      for v in self.ps_vars}
+        self.parts: Dict[str, List[tf.Variable]] = {}
+        self.replaced: Dict[str, tf.Tensor] = {}
+        self.reads: Dict[str, tf.Tensor] = {}
+        self.pushes: Dict[str, tf.Variable] = {}
+
+    # -- main --------------------------------------------------------------------------------
+    def run(self) -> PsRewrite:
+        with self.g.as_default():
+            originals = {v.op.name: v for v in self.g.get_collection(
+                tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+            for v in self.ps_vars:
+                if len(v.gradients) != 1:
+                    raise NotYetSupportedError(
+                        f"variable {v.name!r} has {len(v.gradients)} optimizer updates; tfpar "
+                        "puts a variable with one update on the parameter servers")
+                for p in [v] + self.slots[v.name]:
+                    self._make_parts(p, originals)
+            for v in self.ps_vars:
+                scope_ops = self._update_ops(v)
+                for p in [v] + self.slots[v.name]:
+                    self._rewire_consumers(p, originals, scope_ops)
+            with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/"):
+                step_var = tf.compat.v1.get_local_variable(
+                    "tfpar/sync/step", shape=[], dtype=tf.int64, use_resource=True,
+                    initializer=tf.compat.v1.zeros_initializer())
+                step = step_var.read_value()
+            done = self._sync(step, step_var)
+            init = tf.compat.v1.variables_initializer(self.g.get_collection(PS_VARIABLES),
+                                                      name="tfpar/ps/init")
+        return PsRewrite(self.reads, self.replaced, self.pushes, init, done)
+
+    # -- storage -------------------------------------------------------------------------------
+    def _make_parts(self, v: VariablePlan, originals):
+        orig = originals.get(v.name)
+        if orig is None:
+            raise TfparError(f"variable {v.name!r} is not in the graph's global variables")
+        init_value = self.g.get_tensor_by_name(orig.initial_value.name)
+        parts = []
+        for k, part in enumerate(v.parts):
+            with tf.device(self.worker):
+                value = init_value if part.stop is None else init_value[part.start:part.stop]
+            with tf.device(ps_device(part.ps_task)):
+                parts.append(tf.compat.v1.Variable(
+                    value, name=f"{self.prefix}/ps/{v.name}/part_{k}", trainable=False,
+                    use_resource=True, collections=[PS_VARIABLES], dtype=orig.dtype.base_dtype))
+        self.parts[v.name] = parts
+        # The original no longer exists anywhere: keep it out of initialisers and savers.
+        for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+                    tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
+            ref = self.g.get_collection_ref(key)
+            ref[:] = [x for x in ref if getattr(x, "op", None) is None or x.op.name != v.name]
+        with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/read/{v.name}/"):
+            self.reads[v.name] = self._read_whole(v)
+
+    def _read_whole(self, v: VariablePlan) -> tf.Tensor:
+        values = []
+        for var, part in zip(self.parts[v.name], v.parts):
+            with tf.device(ps_device(part.ps_task)):
+                values.append(var.read_value())
+        return values[0] if len(values) == 1 else tf.concat(values, 0)
+
+    def _update_ops(self, v: VariablePlan) -> List[tf.Operation]:
+        g = v.gradients[0]
+        if g.scope:
+            return [op for op in self.g.get_operations() if op.name.startswith(g.scope)]
+        return [self.g.get_operation_by_name(n) for n in g.ops]
+
+    # -- forward -------------------------------------------------------------------------------
+    def _rewire_consumers(self, v: VariablePlan, originals, update_ops):
+        var_op = self.g.get_operation_by_name(v.name)
+        handle = var_op.outputs[0]
+        skip = set(update_ops)
+        initializer = originals[v.name].initializer
+        for c in list(handle.consumers()):
+            if (c in skip or c is initializer or c.type in _DEAD_CONSUMERS
+                    or _SAVER_SCOPE.match(c.name)):
+                continue
+            scope = f"tfpar/{_safe(v.name)}/{c.type}/"
+            with tf.device(self.worker), tf.compat.v1.name_scope(scope):
+                if c.type == "ResourceGather":
+                    new = self._gather(v, c)
+                elif c.type == "ReadVariableOp":
+                    new = self._read_whole(v)
+                    new = self.traffic.counted("ps_pull", new, _nbytes(new))
+                elif c.type == "VariableShape":
+                    new = tf.constant(list(v.shape), dtype=c.get_attr("out_type"))
+                else:
+                    raise NotYetSupportedError(
+                        f"variable {v.name!r} is used by op {c.name!r} ({c.type}); tfpar cannot "
+                        "yet move such a use to the parameter servers: use run_mode='AR'")
+            old = c.outputs[0]
+            surgery.replace_uses(old, new)
+            self.replaced[old.name] = new
+
+    def _gather(self, v: VariablePlan, op: tf.Operation) -> tf.Tensor:
+        if op.get_attr("batch_dims") != 0:
+            raise NotYetSupportedError(f"{op.name}: a gather with batch_dims on a PS variable")
+        ids = op.inputs[1]
+        uniq, idx = tf.unique(tf.reshape(ids, [-1]))
+        ranges, placed = self._split(v, uniq)
+        rows = []
+        for var, part, (local_ids, _) in zip(self.parts[v.name], v.parts, ranges):
+            with tf.device(ps_device(part.ps_task)):
+                rows.append(tf.raw_ops.ResourceGather(resource=var.handle, indices=local_ids,
+                                                      dtype=op.get_attr("dtype")))
+        stitched = rows[0] if placed is None else tf.dynamic_stitch(placed, rows)
+        # Counted when the lookup runs: the rows come back and the ids went out.
+        stitched = self.traffic.counted("ps_pull", stitched, _nbytes(stitched) + _nbytes(uniq))
+        out = tf.gather(stitched, idx)
+        out = tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], 0))
+        out.set_shape(op.outputs[0].shape)
+        return out
+
+    def _split(self, v: VariablePlan, ids: tf.Tensor, values: Optional[tf.Tensor] = None):
+        """Splits unique ids (and their values) by part: [(part-local ids, values)], positions."""
+        parts = v.parts
+        if len(parts) == 1:
+            local = ids if not parts[0].start else ids - parts[0].start
+            return [(local, values)], None
+        bounds = tf.constant([p.start for p in parts[1:]], dtype=ids.dtype)
+        starts = tf.constant([p.start for p in parts], dtype=ids.dtype)
+        which = tf.reduce_sum(tf.cast(ids[:, None] >= bounds[None, :], tf.int32), axis=1)
+        local = tf.dynamic_partition(ids - tf.gather(starts, which), which, len(parts))
+        vals = (tf.dynamic_partition(values, which, len(parts)) if values is not None
+                else [None] * len(parts))
+        positions = tf.dynamic_partition(tf.range(tf.size(ids)), which, len(parts))
+        return list(zip(local, vals)), positions
+
+    def _count_push(self, *tensors):
+        for t in tensors:
+            self.traffic.add("ps_push", _nbytes(t))
+
+    # -- gradients -------------------------------------------------------------------------------
+    def _sync(self, step: tf.Tensor, step_var) -> tf.Operation:
+        plan = self.plan
+        hosts = len(plan.hosts)
+        workers_on = [slots for _, slots in plan.hosts]
+        first_of = [sum(workers_on[:h]) for h in range(hosts)]
+        aggregate = [plan.local_aggregation and workers_on[h] > 1 for h in range(hosts)]
+        global_pushers = sum(1 if aggregate[h] else workers_on[h] for h in range(hosts))
+        mine = self.host
+        local_chief = self.rank == first_of[mine]
+        chief = self.rank == 0
+
+        pushes, forwards, applies = [], [], []
+        for v in self.ps_vars:
+            grad = v.gradients[0]
+            values = self.g.get_tensor_by_name(grad.values)
+            indices = self.g.get_tensor_by_name(grad.indices) if grad.indices else None
+            name = _safe(v.name)
+            with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
+                if indices is not None:
+                    uniq, idx = tf.unique(tf.cast(indices, tf.int64))
+                    summed = tf.math.unsorted_segment_sum(values, idx, tf.size(uniq))
+                    pieces, _ = self._split(v, uniq, summed)
+                else:
+                    pieces = [(None, values)]
+            for k, (part, (ids, vals)) in enumerate(zip(v.parts, pieces)):
+                shape = _part_shape(v, part)
+                accum = _accumulator(v, shape, ps_device(part.ps_task),
+                                     f"{self.prefix}/acc/{name}/part_{k}", sparse=indices is not None)
+                with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
+                    if aggregate[mine]:
+                        local = _accumulator(v, shape, ps_device(mine),
+                                             f"{self.prefix}/local_acc/{name}/part_{k}/host_{mine}",
+                                             sparse=indices is not None)
+                        pushes.append(_push(local, ids, vals, shape, step))
+                    else:
+                        pushes.append(self._global_push(v, k, accum, ids, vals, shape, step))
+                    self._count_push(*([vals] if ids is None else [vals, ids]))
+                if aggregate[mine] and local_chief:
+                    with tf.device(ps_device(mine)), tf.control_dependencies([pushes[-1]]), \
+                            tf.compat.v1.name_scope(f"tfpar/forward/{name}/"):
+                        summed_part = _take(local, workers_on[mine])
+                        ids_f, vals_f = ((None, summed_part) if indices is None
+                                         else (summed_part.indices, summed_part.values))
+                        forwards.append(self._global_push(v, k, accum, ids_f, vals_f, shape, step))
+                        self._count_push(*([vals_f] if ids_f is None else [vals_f, ids_f]))
+                if chief:
+                    applies.append((v, k, part, accum))
+        with tf.control_dependencies(pushes + forwards):
+            after_push = tf.no_op(name="tfpar/sync/pushed")
+        if chief:
+            with tf.control_dependencies([after_push]):
+                applied = [self._apply(v, k, part, _take(accum, global_pushers))
+                           for v, k, part, accum in applies]
+            with tf.control_dependencies(applied), tf.compat.v1.name_scope("tfpar/sync/release/"):
+                released = [_release(self.prefix, j, plan.host_of_rank(j), step)
+                            for j in range(1, plan.num_workers)]
+                synced = tf.group(*released, after_push)
+        else:
+            with tf.control_dependencies([after_push]):
+                token = _wait(self.prefix, self.rank, mine)
+            synced = tf.group(token, name="tfpar/sync/wait")
+        with tf.control_dependencies([synced]), tf.device(self.worker):
+            done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
+        self._replace_updates(done)
+        return done
+
+    def _global_push(self, v, k, accum, ids, vals, shape, step) -> tf.Operation:
+        """A push to the PS that owns the part, counted there (see `PsRewrite.pushes`)."""
+        push = _push(accum, ids, vals, shape, step)
+        counter = self._push_counter(v, k)
+        with tf.control_dependencies([push]), tf.device(counter.device):
+            return counter.assign_add(1, read_value=False)
+
+    def _push_counter(self, v: VariablePlan, k: int) -> tf.Variable:
+        key = f"{v.name}/part_{k}"
+        if key not in self.pushes:
+            # control_dependencies(None): the counter's initializer must not wait for a push.
+            with tf.control_dependencies(None), tf.device(ps_device(v.parts[k].ps_task)):
+                self.pushes[key] = tf.compat.v1.Variable(
+                    tf.constant(0, tf.int64), name=f"{self.prefix}/pushes/{_safe(v.name)}/part_{k}",
+                    trainable=False, use_resource=True, collections=[PS_VARIABLES])
+        return self.pushes[key]
+
+    def _apply(self, v: VariablePlan, k: int, part: PartPlan, taken) -> tf.Operation:
+        """The user's optimizer update, copied onto part k of `v` and its slots."""
+        grad = v.gradients[0]
+        n = self.plan.num_workers
+        device = ps_device(part.ps_task)
+        name = _safe(v.name)
+        with tf.device(device), tf.compat.v1.name_scope(f"tfpar/apply/{name}/part_{k}/scale/"):
+            values = taken if grad.indices is None else taken.values
+            if v.reduction == "average":
+                values = values * tf.constant(1.0 / n, values.dtype)
+        mapping = {self.g.get_tensor_by_name(grad.values): values}
+        if grad.indices:
+            orig_indices = self.g.get_tensor_by_name(grad.indices)
+            with tf.device(device):
+                mapping[orig_indices] = tf.cast(taken.indices, orig_indices.dtype)
+        for p in [v] + self.slots[v.name]:
+            handle = self.g.get_operation_by_name(p.name).outputs[0]
+            mapping[handle] = self.parts[p.name][k].handle
+        ops = self._update_ops(v)
+        used = {t for op in ops for t in op.inputs}
+        missing = [t.name for t in mapping if t not in used and t.dtype != tf.resource]
+        if missing:
+            raise NotYetSupportedError(
+                f"the update of {v.name!r} does not read its gradient {', '.join(missing)} "
+                "directly; tfpar cannot copy it onto the parameter servers")
+
+        def device_of(op, inputs):
+            for t in inputs:
+                if t.dtype == tf.resource:
+                    return t.op.device or device
+            return device
+
+        copies = surgery.clone_ops(ops, mapping, f"tfpar/apply/{name}/part_{k}/", device_of,
+                                   strip_prefix=grad.scope)
+        sinks = [c for o, c in copies.items()
+                 if not any(x in copies for t in o.outputs for x in t.consumers())
+                 and not any(o in x.control_inputs for x in copies)]
+        with tf.device(device):
+            return tf.group(*sinks, name=f"tfpar/apply/{name}/part_{k}/done")
+
+    def _replace_updates(self, done: tf.Operation):
+        """Whatever waited for the original updates of PS variables now waits for `done`."""
+        old = set()
+        for v in self.ps_vars:
+            old.update(self._update_ops(v))
+        for op in self.g.get_operations():
+            if op in old or op is done:
+                continue
+            surgery.replace_control_inputs(op, old, done)
+            for t in op.inputs:
+                if t.op in old:
+                    raise NotYetSupportedError(
+                        f"op {op.name!r} reads {t.name!r}, an output of the optimizer update of a "
+                        "variable on the parameter servers; tfpar cannot rewire that")
+
+
+def _nbytes(t: tf.Tensor) -> tf.Tensor:
+    return tf.size(t, out_type=tf.int64) * t.dtype.size
+
+
+def _part_shape(v: VariablePlan, part: PartPlan) -> List[int]:
+    if part.stop is None:
+        return list(v.shape)
+    return [part.stop - part.start] + list(v.shape[1:])
+
+
+def _accumulator(v: VariablePlan, shape, device: str, shared_name: str, sparse: bool):
+    with tf.device(device):
+        cls = (tf.compat.v1.SparseConditionalAccumulator if sparse
+               else tf.compat.v1.ConditionalAccumulator)
+        return cls(tf.as_dtype(v.dtype), shape=shape, shared_name=shared_name,
+                   name=shared_name.replace("/", "_"), reduction_type="SUM")
+
+
+# Ops on an accumulator or queue run where it lives (their handle edge requires it).
+def _push(accum, ids, vals, shape, step) -> tf.Operation:
+    with tf.device(accum.accumulator_ref.device):
+        if ids is None:
+            return accum.apply_grad(vals, local_step=step)
+        return accum.apply_indexed_slices_grad(
+            tf.IndexedSlices(vals, ids, tf.constant(shape, tf.int64)), local_step=step)
+
+
+def _take(accum, num_required: int):
+    with tf.device(accum.accumulator_ref.device):
+        if isinstance(accum, tf.compat.v1.SparseConditionalAccumulator):
+            return accum.take_indexed_slices_grad(num_required)
+        return accum.take_grad(num_required)
+
+
+def _release(prefix: str, rank: int, host: int, step) -> tf.Operation:
+    with tf.device(ps_device(host)):
+        return _token_queue(prefix, rank).enqueue(step)
+
+
+def _wait(prefix: str, rank: int, host: int) -> tf.Tensor:
+    with tf.device(ps_device(host)):
+        return _token_queue(prefix, rank).dequeue()
+
+
+def _token_queue(prefix: str, rank: int):
+    """Worker `rank`'s queue: one per worker, so a fast worker cannot take another's token."""
+    return tf.queue.FIFOQueue(capacity=16, dtypes=[tf.int64], shapes=[[]],
+                              shared_name=f"{prefix}/token/worker_{rank}",
+                              name="token_worker_%d" % rank)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)

@@ -1,0 +1,64 @@
+"""Per-worker communication counters, computed in the graph from the tensors actually moved.
+
+Each communication path adds a scalar tensor (bytes this worker sent plus received in one
+step); `build()` turns them into local counter variables that grow by those amounts every
+training step. The runner reads them (`Runner.communication()`).
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import tensorflow as tf
+
+PATHS = ("allreduce", "allgather", "ps_push", "ps_pull")
+SCOPE = "tfpar/traffic/"
+
+
+class Traffic:
+    """Collects byte counts per path while transforms build the graph."""
+
+    def __init__(self, graph: tf.Graph, device: str = ""):
+        self.graph, self.device = graph, device
+        self.terms: Dict[str, List[tf.Tensor]] = {p: [] for p in PATHS}
+        self._vars: Dict[str, tf.Variable] = {}
+
+    def add(self, path: str, nbytes: tf.Tensor) -> None:
+        """Counts `nbytes` on `path` at every training step."""
+        self.terms[path].append(tf.cast(nbytes, tf.float64))
+
+    def counted(self, path: str, tensor: tf.Tensor, nbytes: tf.Tensor) -> tf.Tensor:
+        """`tensor`, counting `nbytes` on `path` whenever it is computed (not every step)."""
+        with self.graph.as_default(), tf.device(self.device):
+            bump = self._var(path).assign_add(tf.cast(nbytes, tf.float64), read_value=False)
+            with tf.control_dependencies([bump]):
+                return tf.identity(tensor)
+
+    def build(self) -> tf.Operation:
+        """The op that adds one step's bytes (and 1 to the step count) to the counters."""
+        with self.graph.as_default(), tf.device(self.device), \
+                tf.compat.v1.name_scope(SCOPE):
+            updates = [self._var("steps").assign_add(tf.constant(1.0, tf.float64),
+                                                     read_value=False)]
+            for path in PATHS:
+                self._var(path)
+                if self.terms[path]:
+                    updates.append(self._var(path).assign_add(tf.add_n(self.terms[path]),
+                                                              read_value=False))
+            return tf.group(*updates, name="update")
+
+    def _var(self, path: str) -> tf.Variable:
+        if path not in self._vars:
+            with self.graph.as_default(), tf.device(self.device), tf.control_dependencies(None):
+                self._vars[path] = tf.compat.v1.get_local_variable(
+                    f"{SCOPE}{path}", shape=[], dtype=tf.float64,
+                    initializer=tf.compat.v1.zeros_initializer(), use_resource=True)
+        return self._vars[path]
+
+
+def counters(graph: tf.Graph) -> Dict[str, tf.Variable]:
+    """{path or "steps": counter variable} of a graph that `Traffic.build` rewrote."""
+    out = {}
+    for v in graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES):
+        if v.op.name.startswith(SCOPE):
+            out[v.op.name[len(SCOPE):]] = v
+    return out
