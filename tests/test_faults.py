@@ -1,0 +1,97 @@
+"""Killing a process of a PS job mid-training stops the whole job, cleanly.
+
+Each case starts a real 2-worker HYBRID job (one host: worker 0 spawns its PS), waits
+until both workers train, kills one process with SIGKILL and checks that the job ends
+non-zero within 60 s, that the output names what died, and that no process of the job and
+no port it bound is left.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from launch import HOROVODRUN, REPO, TESTS
+
+FAULT_WORKER = os.path.join(TESTS, "workers", "fault.py")
+
+
+def _start(out_dir):
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    cmd = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, FAULT_WORKER,
+           str(out_dir)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=REPO)
+
+
+def _wait_training(proc, out_dir, n=2, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        files = [out_dir / f"rank{r}.json" for r in range(n)]
+        if all(f.exists() and f.stat().st_size for f in files):
+            time.sleep(0.3)
+            return [json.loads(f.read_text()) for f in files]
+        if proc.poll() is not None:
+            pytest.fail("the job ended before training:\n" + proc.stdout.read()[-5000:])
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("the job did not start training in time")
+
+
+def _alive(pids):
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _listening(ports):
+    """Which of `ports` some process still listens on (sockets of closed connections may
+    linger in TIME_WAIT or FIN_WAIT, but they serve nothing)."""
+    return sorted({c.laddr.port for c in psutil.net_connections(kind="tcp")
+                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports})
+
+
+# A dead worker is named by tfpar's liveness check or, when horovodrun's own watch of its
+# children stops the survivors first, by horovodrun ("Process name: R", exit code 137 for
+# SIGKILL). Only tfpar can see a PS die: that message must be tfpar's.
+@pytest.mark.parametrize("victim, message", [
+    ("worker 1", r"worker 1 \(host localhost, pid {pid}\) died|Process name: 1\nExit code: 137"),
+    ("worker 0", r"worker 0 \(host localhost, pid {pid}\) \(the chief\) died"
+                 r"|Process name: 0\nExit code: 137"),
+    ("ps", r"parameter server ps:0 \(host localhost\) \(pid {pid}\) died with exit code -9"),
+])
+def test_killing_a_process_stops_the_job(tmp_path, victim, message):
+    proc = _start(tmp_path)
+    try:
+        info = _wait_training(proc, tmp_path)
+        pid = info[0]["ps_pid"] if victim == "ps" else info[int(victim.split()[1])]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.time()
+        output, _ = proc.communicate(timeout=90)
+        elapsed = time.time() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert elapsed < 60, elapsed
+    assert re.search(message.format(pid=pid), output), output[-5000:]
+    assert "unexpected" not in output
+    pids = [i["pid"] for i in info] + [info[0]["ps_pid"]]
+    deadline = time.time() + 10  # processes stopping at that moment may take a moment
+    while time.time() < deadline and _alive(pids):
+        time.sleep(0.2)
+    left = [(p, psutil.Process(p).status(), psutil.Process(p).cmdline()[:4]) for p in _alive(pids)]
+    assert not left, f"left running: {left} of {pids}"
+    ports = sorted({p for i in info for p in i["ports"]})
+    assert len(ports) >= 4  # two worker servers, one PS, the liveness hub
+    assert _listening(ports) == []
