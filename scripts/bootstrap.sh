@@ -45,11 +45,11 @@ for spec in sys.argv[1:]:
 PYEOF
 }
 
-if ! have "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0; then
+if ! have "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4; then
   log "installing TensorFlow $TF_VERSION and test tools"
   "$PY" -m pip install -q --upgrade pip setuptools wheel packaging
   "$PY" -m pip install -q "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 \
-      pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0
+      pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4
 fi
 
 if ! have "horovod==$HVD_VERSION" || ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then

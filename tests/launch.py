@@ -1,6 +1,7 @@
 """Launching real multi-process jobs with horovodrun from the tests."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,18 @@ def horovodrun(np_, script, *args, hosts=None, timeout=300, env=None):
                           timeout=timeout, env=full_env, cwd=REPO)
     proc.elapsed = time.time() - start
     return proc
+
+
+def run_scenarios(out_dir, n, scenarios, hosts=None, timeout=600):
+    """Runs the equivalence worker's scenarios as one horovodrun job of n workers; the
+    results land in out_dir/<scenario>/rank<r>.npz."""
+    spec = os.path.join(str(out_dir), "scenarios.json")
+    with open(spec, "w") as f:
+        json.dump(scenarios, f)
+    proc = horovodrun(n, os.path.join(TESTS, "workers", "equivalence.py"), spec, str(out_dir),
+                      hosts=hosts, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    return out_dir
 
 
 def processes_running(marker: str):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch import TESTS, horovodrun
+from launch import run_scenarios
 from reference import ATOL, RTOL, check, single_device
 
 STEPS, BATCH = 4, 8
@@ -50,23 +50,14 @@ SCENARIOS_3 = [
 ]
 
 
-def _launch(tmp_path_factory, n, scenarios):
-    out = tmp_path_factory.mktemp(f"equivalence{n}")
-    spec = out / "scenarios.json"
-    spec.write_text(json.dumps(scenarios))
-    proc = horovodrun(n, os.path.join(TESTS, "workers", "equivalence.py"), str(spec), str(out))
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    return out
-
-
 @pytest.fixture(scope="module")
 def results2(tmp_path_factory):
-    return _launch(tmp_path_factory, 2, SCENARIOS_2)
+    return run_scenarios(tmp_path_factory.mktemp("equivalence2"), 2, SCENARIOS_2)
 
 
 @pytest.fixture(scope="module")
 def results3(tmp_path_factory):
-    return _launch(tmp_path_factory, 3, SCENARIOS_3)
+    return run_scenarios(tmp_path_factory.mktemp("equivalence3"), 3, SCENARIOS_3)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS_2, ids=[s["name"] for s in SCENARIOS_2])

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import models
-from launch import TESTS, horovodrun
+from launch import run_scenarios
 from reference import check
 
 STEPS, BATCH = 4, 8
@@ -51,24 +51,14 @@ SCENARIOS_4 = [
 ]
 
 
-def _launch(tmp_path_factory, n, scenarios, hosts=None):
-    out = tmp_path_factory.mktemp(f"ps{n}")
-    spec = out / "scenarios.json"
-    spec.write_text(json.dumps(scenarios))
-    proc = horovodrun(n, os.path.join(TESTS, "workers", "equivalence.py"), str(spec), str(out),
-                      hosts=hosts, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-8000:]
-    return out
-
-
 @pytest.fixture(scope="module")
 def results2(tmp_path_factory):
-    return _launch(tmp_path_factory, 2, SCENARIOS_2)
+    return run_scenarios(tmp_path_factory.mktemp("ps2"), 2, SCENARIOS_2)
 
 
 @pytest.fixture(scope="module")
 def results4(tmp_path_factory):
-    return _launch(tmp_path_factory, 4, SCENARIOS_4, hosts=TWO_HOSTS)
+    return run_scenarios(tmp_path_factory.mktemp("ps4"), 4, SCENARIOS_4, hosts=TWO_HOSTS)
 
 
 def _plan(ranks):

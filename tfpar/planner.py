@@ -49,10 +49,14 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout) -> Plan:
                                           slot_of=owner.name, **_common(v)))
         else:
             variables.append(_variable_plan(v, config, n))
+    local_aggregation = bool(on_ps) and config.local_aggregation and len(layout.hosts) > 1
+    if on_ps and config.local_aggregation and not local_aggregation:
+        notes.append("one host: local aggregation off (its PS is the only one; workers push "
+                     "to it directly)")
     return Plan(run_mode=config.run_mode, mode=mode, num_workers=n,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step, notes=tuple(notes),
-                local_aggregation=bool(on_ps) and config.local_aggregation)
+                local_aggregation=local_aggregation)
 
 
 def _common(v: VariableInfo) -> dict:

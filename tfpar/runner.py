@@ -1,6 +1,7 @@
 """`get_runner` and the session-like Runner that trains the rewritten graph."""
 from __future__ import annotations
 
+import json
 import logging
 from typing import Dict, Optional
 
@@ -155,18 +156,25 @@ class Runner:
         return self._session.run(mapped, feed_dict=feeds, options=options,
                                  run_metadata=run_metadata)
 
-    def communication(self) -> Dict[str, float]:
+    def communication(self, mean_over_workers: bool = False) -> Dict[str, float]:
         """Bytes this worker moved so far, per path, from the tensors actually sent.
 
         Keys: "allreduce" and "allgather" (ring algorithms: sent plus received), "ps_push"
-        (gradients pushed to parameter servers), "ps_pull" (rows and variables read from
-        them), and "steps" (training steps run). Divide by "steps" for bytes per step.
+        (gradients pushed to parameter servers, by the worker and, with local aggregation,
+        the host's sum forwarded by its first worker), "ps_pull" (rows and variables read
+        from them), and "steps" (training steps run). Divide by "steps" for bytes per step.
+        mean_over_workers: average over all workers instead; every worker must then call
+        it at the same point (it gathers the counts through Horovod).
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
         names = list(PATHS) + ["steps"]
         values = self._session.run([self._counters[k].read_value() for k in names])
-        return dict(zip(names, (float(v) for v in values)))
+        mine = dict(zip(names, (float(v) for v in values)))
+        if not mean_over_workers:
+            return mine
+        everyone = [json.loads(s) for s in runtime.allgather_strings(json.dumps(mine))]
+        return {k: sum(d[k] for d in everyone) / len(everyone) for k in names}
 
     def ps_pushes(self) -> Dict[str, int]:
         """{"variable/part_k": pushes its parameter server received so far} (PS jobs)."""

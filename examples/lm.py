@@ -1,0 +1,158 @@
+"""A word-level language model with large sparse embeddings, trained with tfpar HYBRID.
+
+    horovodrun -np 2 -H localhost:2 python examples/lm.py [--vocab 100000] [--text file.txt]
+
+A neural probabilistic language model (Bengio et al. 2003): the previous `--context` words
+are looked up in an input embedding of the whole vocabulary, a dense layer mixes them, and
+a sampled softmax over the vocabulary predicts the next word. Both the input embedding and
+the softmax weights receive sparse gradients (only the rows a batch touches), so HYBRID
+puts them on parameter servers and allreduces only the dense layer; the same graph runs
+with `--run-mode AR` (Horovod allgather for the sparse ones) or `--run-mode PS`.
+
+Data: generated text whose word frequencies follow Zipf's law and in which half the words
+follow from the previous one (so there is something to learn), or your own text file
+(`--text`; words split on whitespace, the `--vocab` most frequent kept).
+"""
+import argparse
+import collections
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfpar  # noqa: E402
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+
+
+def zipf_text(vocab, n_tokens=200_000, exponent=1.1, follow=0.5, seed=0):
+    """Word ids: unigram frequencies ~ 1/rank^exponent; with probability `follow` a word is
+    a fixed function of the one before it."""
+    rng = np.random.RandomState(seed)
+    p = 1.0 / np.arange(1, vocab + 1) ** exponent
+    words = rng.choice(vocab, size=n_tokens, p=p / p.sum()).astype(np.int32)
+    successor = rng.permutation(vocab).astype(np.int32)
+    follows = rng.rand(n_tokens) < follow
+    for i in range(1, n_tokens):
+        if follows[i]:
+            words[i] = successor[words[i - 1]]
+    return words
+
+
+def read_text(path, vocab):
+    """Word ids of a text file: the vocab-1 most frequent words, the rest as id 0 (<unk>)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        tokens = f.read().lower().split()
+    if len(tokens) < 2:
+        raise SystemExit(f"{path}: need at least two words of text")
+    common = [w for w, _ in collections.Counter(tokens).most_common(vocab - 1)]
+    ids = {w: i + 1 for i, w in enumerate(common)}
+    return np.array([ids.get(w, 0) for w in tokens], np.int32)
+
+
+def build_graph(words, vocab, context=4, emb_dim=64, hidden=128, batch_size=128,
+                num_sampled=64, lr=0.2, partitions=None, wrap_optimizer=None):
+    """The single-device training graph; returns (graph, loss, train_op).
+
+    partitions: split the two vocabulary-sized variables with the user's own partitioner.
+    wrap_optimizer: a function applied to the optimizer (for baselines such as Horovod's
+    DistributedOptimizer); tfpar needs none.
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(1)
+        text = tf.constant(words, name="text")
+        starts = tf.data.Dataset.range(len(words) - context)
+        starts = tfpar.shard(starts)                             # tfpar line 1 of 2
+        starts = starts.shuffle(100_000, seed=0).repeat().batch(batch_size, drop_remainder=True)
+        start = tf1.data.make_one_shot_iterator(starts).get_next()
+        window = tf.gather(text, start[:, None] + tf.range(context + 1, dtype=tf.int64))
+        previous, target = window[:, :context], window[:, context:]
+
+        partitioner = tf1.fixed_size_partitioner(partitions) if partitions else None
+        init = tf1.random_uniform_initializer(-0.05, 0.05)
+        embedding = tf1.get_variable("embedding", [vocab, emb_dim], initializer=init,
+                                     partitioner=partitioner)
+        x = tf.reshape(tf1.nn.embedding_lookup(embedding, previous, partition_strategy="div"),
+                       [-1, context * emb_dim])
+        w = tf1.get_variable("hidden/kernel", [context * emb_dim, hidden],
+                             initializer=tf1.glorot_uniform_initializer())
+        b = tf1.get_variable("hidden/bias", [hidden], initializer=tf1.zeros_initializer())
+        h = tf.tanh(tf.matmul(x, w) + b)
+        softmax_w = tf1.get_variable("softmax/weights", [vocab, hidden], initializer=init,
+                                     partitioner=partitioner)
+        softmax_b = tf1.get_variable("softmax/bias", [vocab], initializer=tf1.zeros_initializer(),
+                                     partitioner=partitioner)
+        loss = tf.reduce_mean(tf1.nn.sampled_softmax_loss(
+            softmax_w, softmax_b, tf.cast(target, tf.int64), h, num_sampled, vocab,
+            partition_strategy="div", seed=1), name="loss")
+        step = tf1.train.get_or_create_global_step()
+        optimizer = tf1.train.AdagradOptimizer(lr)
+        if wrap_optimizer is not None:
+            optimizer = wrap_optimizer(optimizer)
+        train_op = optimizer.minimize(loss, global_step=step)
+    return graph, loss, train_op
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--vocab", type=int, default=100_000)
+    p.add_argument("--text", help="a text file to train on (default: generated Zipf text)")
+    p.add_argument("--batch-size", type=int, default=128, help="words per worker per step")
+    p.add_argument("--context", type=int, default=4)
+    p.add_argument("--run-mode", default="HYBRID", help="HYBRID (default), AR or PS")
+    p.add_argument("--partitions", type=int, help="parts per vocabulary-sized variable on the "
+                   "parameter servers (default: one per PS task)")
+    p.add_argument("--no-local-aggregation", action="store_true")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
+    p.add_argument("--json", help="write the timing and traffic summary here (worker 0)")
+    args = p.parse_args()
+    words = read_text(args.text, args.vocab) if args.text else zipf_text(args.vocab)
+    graph, loss, train_op = build_graph(words, args.vocab, args.context,
+                                        batch_size=args.batch_size)
+    config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
+                          local_aggregation=not args.no_local_aggregation)
+
+    with tfpar.get_runner(graph, config=config) as runner:     # tfpar line 2 of 2
+        if runner.is_chief:
+            print(runner.plan, flush=True)
+        losses, last = [], time.time()
+        for step in range(1, args.steps + 1):
+            if step == args.warmup + 1:
+                start, comm0 = time.time(), runner.communication(mean_over_workers=True)
+            loss_v, _ = runner.run([loss, train_op])
+            losses.append(loss_v)
+            if step % args.log_every == 0 and runner.is_chief:
+                now = time.time()
+                words_s = args.log_every * args.batch_size * runner.num_workers / (now - last)
+                print(f"step {step:5d}  loss {np.mean(losses[-args.log_every:]):.4f}  "
+                      f"{words_s:.0f} words/s", flush=True)
+                last = now
+        timed = args.steps - args.warmup
+        elapsed = time.time() - start
+        comm = runner.communication(mean_over_workers=True)
+        per_step = {k: (comm[k] - comm0[k]) / timed for k in comm if k != "steps"}
+        summary = {"mode": runner.plan.mode, "workers": runner.num_workers, "vocab": args.vocab,
+                   "step_time_s": elapsed / timed,
+                   "words_per_s": timed * args.batch_size * runner.num_workers / elapsed,
+                   "bytes_per_step": per_step, "predicted_bytes_per_step":
+                   runner.plan.predicted_bytes_per_step,
+                   "loss_first": float(np.mean(losses[:args.log_every])),
+                   "loss_last": float(np.mean(losses[-args.log_every:]))}
+        if runner.is_chief:
+            print(f"done: {args.steps} steps on {runner.num_workers} workers; "
+                  f"{summary['words_per_s']:.0f} words/s; bytes per step per worker (mean): "
+                  + ", ".join(f"{k} {v:,.0f}" for k, v in per_step.items()), flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
