@@ -58,6 +58,7 @@ def build_graph(words, vocab, context=4, emb_dim=64, hidden=128, batch_size=128,
                 num_sampled=64, lr=0.2, partitions=None, wrap_optimizer=None):
     """The single-device training graph; returns (graph, loss, train_op).
 
+    num_sampled: classes the sampled softmax draws per step (at most vocab - 1).
     partitions: split the two vocabulary-sized variables with the user's own partitioner.
     wrap_optimizer: a function applied to the optimizer (for baselines such as Horovod's
     DistributedOptimizer); tfpar needs none.
@@ -88,7 +89,7 @@ def build_graph(words, vocab, context=4, emb_dim=64, hidden=128, batch_size=128,
         softmax_b = tf1.get_variable("softmax/bias", [vocab], initializer=tf1.zeros_initializer(),
                                      partitioner=partitioner)
         loss = tf.reduce_mean(tf1.nn.sampled_softmax_loss(
-            softmax_w, softmax_b, tf.cast(target, tf.int64), h, num_sampled, vocab,
+            softmax_w, softmax_b, tf.cast(target, tf.int64), h, min(num_sampled, vocab - 1), vocab,
             partition_strategy="div", seed=1), name="loss")
         step = tf1.train.get_or_create_global_step()
         optimizer = tf1.train.AdagradOptimizer(lr)
@@ -96,6 +97,13 @@ def build_graph(words, vocab, context=4, emb_dim=64, hidden=128, batch_size=128,
             optimizer = wrap_optimizer(optimizer)
         train_op = optimizer.minimize(loss, global_step=step)
     return graph, loss, train_op
+
+
+def session_config(threads=None):
+    config = tf1.ConfigProto()
+    if threads:
+        config.intra_op_parallelism_threads = threads
+    return config
 
 
 def main():
@@ -111,13 +119,16 @@ def main():
     p.add_argument("--no-local-aggregation", action="store_true")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
+    p.add_argument("--threads", type=int, help="TensorFlow intra-op threads per worker "
+                   "(default: TensorFlow's choice, one per core)")
     p.add_argument("--json", help="write the timing and traffic summary here (worker 0)")
     args = p.parse_args()
     words = read_text(args.text, args.vocab) if args.text else zipf_text(args.vocab)
     graph, loss, train_op = build_graph(words, args.vocab, args.context,
                                         batch_size=args.batch_size)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
-                          local_aggregation=not args.no_local_aggregation)
+                          local_aggregation=not args.no_local_aggregation,
+                          session_config=session_config(args.threads))
 
     with tfpar.get_runner(graph, config=config) as runner:     # tfpar line 2 of 2
         if runner.is_chief:

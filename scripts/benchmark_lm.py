@@ -86,8 +86,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--vocabs", type=int, nargs="+", default=[50_000, 500_000])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--steps", type=int, default=170)
+    p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--two-hosts", action="store_true", help="run N workers as two hosts of N/2 "
                    "(two parameter servers, local aggregation) instead of one host")

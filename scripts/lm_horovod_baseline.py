@@ -28,6 +28,7 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--vocab", type=int, default=100_000)
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--threads", type=int)
     p.add_argument("--json")
     args = p.parse_args()
     hvd.init()
@@ -40,7 +41,7 @@ def main():
         dense_bytes = sum(v.shape.num_elements() * v.dtype.size for v in variables)
         init = tf.compat.v1.global_variables_initializer()
         bcast = hvd.broadcast_variables(tf.compat.v1.global_variables(), 0)
-    with tf.compat.v1.Session(graph=graph) as sess:
+    with tf.compat.v1.Session(graph=graph, config=lm.session_config(args.threads)) as sess:
         sess.run(init)
         sess.run(bcast)
         losses = []

@@ -51,3 +51,29 @@ def test_example_trains_on_two_workers():
     assert len(losses) == 2 and losses[-1] < 2.3  # below chance level (ln 10)
     assert "done: 100 steps on 2 workers" in proc.stdout and "global step 100" in proc.stdout
     assert "steps/s" in proc.stdout
+
+
+def test_language_model_example_trains_in_hybrid(tmp_path):
+    summary = tmp_path / "summary.json"
+    proc = horovodrun(2, os.path.join(REPO, "examples", "lm.py"), "--vocab", "3000", "--steps",
+                      "80", "--log-every", "40", "--json", str(summary))
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert "runs as HYBRID" in proc.stdout and "words/s" in proc.stdout
+    s = json.loads(summary.read_text())
+    assert s["mode"] == "HYBRID" and s["workers"] == 2
+    assert s["loss_last"] < s["loss_first"] - 0.5  # it learns the generated text's structure
+    b = s["bytes_per_step"]
+    assert b["ps_push"] > 0 and b["ps_pull"] > 0 and b["allreduce"] > 0 and b["allgather"] == 0
+
+
+def test_language_model_example_reads_a_text_file(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat and the dog sat on the log . " * 300)
+    summary = tmp_path / "summary.json"
+    proc = horovodrun(2, os.path.join(REPO, "examples", "lm.py"), "--text", str(text), "--vocab",
+                      "50", "--steps", "40", "--log-every", "20", "--run-mode", "PS",
+                      "--json", str(summary))
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    s = json.loads(summary.read_text())
+    assert s["mode"] == "PS" and s["bytes_per_step"]["allreduce"] == 0
+    assert s["loss_last"] < s["loss_first"]

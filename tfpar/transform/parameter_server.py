@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -206,70 +206,73 @@ class _Rewriter:
 
     # -- gradients -------------------------------------------------------------------------------
     def _sync(self, step: tf.Tensor, step_var) -> tf.Operation:
-        plan = self.plan
-        hosts = len(plan.hosts)
-        workers_on = [slots for _, slots in plan.hosts]
-        first_of = [sum(workers_on[:h]) for h in range(hosts)]
-        aggregate = [plan.local_aggregation and workers_on[h] > 1 for h in range(hosts)]
-        global_pushers = sum(1 if aggregate[h] else workers_on[h] for h in range(hosts))
-        mine = self.host
-        local_chief = self.rank == first_of[mine]
-        chief = self.rank == 0
-
-        pushes, forwards, applies = [], [], []
+        """Pushes, (local chief) forwards, (chief) applies and tokens: one synchronous step."""
+        route = _Route.of(self.plan, self.rank)
+        pushes, forwards, owned = [], [], []
         for v in self.ps_vars:
-            grad = v.gradients[0]
-            values = self.g.get_tensor_by_name(grad.values)
-            indices = self.g.get_tensor_by_name(grad.indices) if grad.indices else None
-            name = _safe(v.name)
-            with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
-                if indices is not None:
-                    uniq, idx = tf.unique(tf.cast(indices, tf.int64))
-                    summed = tf.math.unsorted_segment_sum(values, idx, tf.size(uniq))
-                    pieces, _ = self._split(v, uniq, summed)
-                else:
-                    pieces = [(None, values)]
-            for k, (part, (ids, vals)) in enumerate(zip(v.parts, pieces)):
-                shape = _part_shape(v, part)
-                accum = _accumulator(v, shape, ps_device(part.ps_task),
-                                     f"{self.prefix}/acc/{name}/part_{k}", sparse=indices is not None)
-                with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
-                    if aggregate[mine]:
-                        local = _accumulator(v, shape, ps_device(mine),
-                                             f"{self.prefix}/local_acc/{name}/part_{k}/host_{mine}",
-                                             sparse=indices is not None)
-                        pushes.append(_push(local, ids, vals, shape, step))
-                    else:
-                        pushes.append(self._global_push(v, k, accum, ids, vals, shape, step))
-                    self._count_push(*([vals] if ids is None else [vals, ids]))
-                if aggregate[mine] and local_chief:
-                    with tf.device(ps_device(mine)), tf.control_dependencies([pushes[-1]]), \
-                            tf.compat.v1.name_scope(f"tfpar/forward/{name}/"):
-                        summed_part = _take(local, workers_on[mine])
-                        ids_f, vals_f = ((None, summed_part) if indices is None
-                                         else (summed_part.indices, summed_part.values))
-                        forwards.append(self._global_push(v, k, accum, ids_f, vals_f, shape, step))
-                        self._count_push(*([vals_f] if ids_f is None else [vals_f, ids_f]))
-                if chief:
-                    applies.append((v, k, part, accum))
+            for k, part, accum, push, forward in self._push_gradient(v, step, route):
+                pushes.append(push)
+                forwards.extend([forward] if forward is not None else [])
+                owned.append((v, k, part, accum))
         with tf.control_dependencies(pushes + forwards):
             after_push = tf.no_op(name="tfpar/sync/pushed")
-        if chief:
+        if route.chief:
             with tf.control_dependencies([after_push]):
-                applied = [self._apply(v, k, part, _take(accum, global_pushers))
-                           for v, k, part, accum in applies]
+                applied = [self._apply(v, k, part, _take(accum, route.global_pushers))
+                           for v, k, part, accum in owned]
             with tf.control_dependencies(applied), tf.compat.v1.name_scope("tfpar/sync/release/"):
-                released = [_release(self.prefix, j, plan.host_of_rank(j), step)
-                            for j in range(1, plan.num_workers)]
+                released = [_release(self.prefix, j, self.plan.host_of_rank(j), step)
+                            for j in range(1, self.plan.num_workers)]
                 synced = tf.group(*released, after_push)
         else:
             with tf.control_dependencies([after_push]):
-                token = _wait(self.prefix, self.rank, mine)
+                token = _wait(self.prefix, self.rank, route.host)
             synced = tf.group(token, name="tfpar/sync/wait")
         with tf.control_dependencies([synced]), tf.device(self.worker):
             done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
         self._replace_updates(done)
         return done
+
+    def _push_gradient(self, v: VariablePlan, step, route: "_Route"):
+        """This worker's gradient of `v`, deduplicated, split by part and pushed.
+
+        Yields (k, part, owner's accumulator, push op, forward op or None) per part.
+        """
+        grad = v.gradients[0]
+        values = self.g.get_tensor_by_name(grad.values)
+        indices = self.g.get_tensor_by_name(grad.indices) if grad.indices else None
+        sparse = indices is not None
+        name = _safe(v.name)
+        with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
+            if sparse:
+                uniq, idx = tf.unique(tf.cast(indices, tf.int64))
+                summed = tf.math.unsorted_segment_sum(values, idx, tf.size(uniq))
+                pieces, _ = self._split(v, uniq, summed)
+            else:
+                pieces = [(None, values)]
+        for k, (part, (ids, vals)) in enumerate(zip(v.parts, pieces)):
+            shape = _part_shape(v, part)
+            accum = _accumulator(v, shape, ps_device(part.ps_task),
+                                 f"{self.prefix}/acc/{name}/part_{k}", sparse)
+            forward = None
+            with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
+                if route.aggregate:
+                    local = _accumulator(v, shape, ps_device(route.host),
+                                         f"{self.prefix}/local_acc/{name}/part_{k}/host_"
+                                         f"{route.host}", sparse)
+                    push = _push(local, ids, vals, shape, step)
+                else:
+                    push = self._global_push(v, k, accum, ids, vals, shape, step)
+                self._count_push(*([vals] if ids is None else [vals, ids]))
+            if route.aggregate and route.local_chief:
+                with tf.device(ps_device(route.host)), tf.control_dependencies([push]), \
+                        tf.compat.v1.name_scope(f"tfpar/forward/{name}/"):
+                    host_sum = _take(local, route.local_workers)
+                    ids_f, vals_f = ((host_sum.indices, host_sum.values) if sparse
+                                     else (None, host_sum))
+                    forward = self._global_push(v, k, accum, ids_f, vals_f, shape, step)
+                    self._count_push(*([vals_f] if ids_f is None else [vals_f, ids_f]))
+            yield k, part, accum, push, forward
 
     def _global_push(self, v, k, accum, ids, vals, shape, step) -> tf.Operation:
         """A push to the PS that owns the part, counted there (see `PsRewrite.pushes`)."""
@@ -342,6 +345,27 @@ class _Rewriter:
                     raise NotYetSupportedError(
                         f"op {op.name!r} reads {t.name!r}, an output of the optimizer update of a "
                         "variable on the parameter servers; tfpar cannot rewire that")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Route:
+    """Where one worker's pushes go, from the plan's hosts and the worker's rank."""
+
+    host: int  # this worker's host (and the task of its host's PS)
+    chief: bool  # worker 0: takes the sums and applies the updates
+    aggregate: bool  # push to the host's local accumulator (else straight to the owner)
+    local_chief: bool  # the host's first worker: forwards the host's sum to the owner
+    local_workers: int  # pushes a local accumulator waits for
+    global_pushers: int  # pushes an owner's accumulator waits for per step
+
+    @classmethod
+    def of(cls, plan: Plan, rank: int) -> "_Route":
+        sizes = [slots for _, slots in plan.hosts]
+        aggregate = [plan.local_aggregation and n > 1 for n in sizes]
+        host = plan.host_of_rank(rank)
+        return cls(host=host, chief=rank == 0, aggregate=aggregate[host],
+                   local_chief=rank == sum(sizes[:host]), local_workers=sizes[host],
+                   global_pushers=sum(1 if a else n for a, n in zip(aggregate, sizes)))
 
 
 def _nbytes(t: tf.Tensor) -> tf.Tensor:
