@@ -54,43 +54,68 @@ def read_text(path, vocab):
     return np.array([ids.get(w, 0) for w in tokens], np.int32)
 
 
-def build_graph(words, vocab, context=4, emb_dim=64, hidden=128, batch_size=128,
-                num_sampled=64, lr=0.2, partitions=None, wrap_optimizer=None):
+def build_graph(words=None, vocab=100_000, context=4, emb_dim=64, hidden=128, batch_size=128,
+                num_sampled=64, lr=0.2, partitions=None, wrap_optimizer=None,
+                min_partitions=None, max_partitions=None, feed=False, sampled=True):
     """The single-device training graph; returns (graph, loss, train_op).
 
+    words: the text as word ids (default: generated Zipf text of `vocab` words).
+    The vocabulary-sized variables are made inside `tfpar.partitioner`, so tfpar searches
+    how many parts to split them into (or takes `tfpar.Config(partitions=...)`).
     num_sampled: classes the sampled softmax draws per step (at most vocab - 1).
-    partitions: split the two vocabulary-sized variables with the user's own partitioner.
+    partitions: split them with TensorFlow's own partitioner instead (fixed pieces).
     wrap_optimizer: a function applied to the optimizer (for baselines such as Horovod's
     DistributedOptimizer); tfpar needs none.
+    feed: read the context words and targets from placeholders `previous` [batch, context]
+    and `target` [batch, 1] instead of the generated text (for tests).
+    sampled: sampled softmax (sparse softmax weights); False: a full softmax (dense).
     """
+    if words is None and not feed:
+        words = zipf_text(vocab)
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(1)
-        text = tf.constant(words, name="text")
-        starts = tf.data.Dataset.range(len(words) - context)
-        starts = tfpar.shard(starts)                             # tfpar line 1 of 2
-        starts = starts.shuffle(100_000, seed=0).repeat().batch(batch_size, drop_remainder=True)
-        start = tf1.data.make_one_shot_iterator(starts).get_next()
-        window = tf.gather(text, start[:, None] + tf.range(context + 1, dtype=tf.int64))
-        previous, target = window[:, :context], window[:, context:]
+        if feed:
+            previous = tf1.placeholder(tf.int64, [None, context], name="previous")
+            target = tf1.placeholder(tf.int64, [None, 1], name="target")
+        else:
+            text = tf.constant(words, name="text")
+            starts = tf.data.Dataset.range(len(words) - context)
+            starts = tfpar.shard(starts)                         # tfpar line 1 of 2
+            starts = starts.shuffle(100_000, seed=0).repeat().batch(batch_size,
+                                                                    drop_remainder=True)
+            start = tf1.data.make_one_shot_iterator(starts).get_next()
+            window = tf.gather(text, start[:, None] + tf.range(context + 1, dtype=tf.int64))
+            previous, target = window[:, :context], window[:, context:]
 
         partitioner = tf1.fixed_size_partitioner(partitions) if partitions else None
         init = tf1.random_uniform_initializer(-0.05, 0.05)
-        embedding = tf1.get_variable("embedding", [vocab, emb_dim], initializer=init,
-                                     partitioner=partitioner)
+        marks = tfpar.partitioner(min_partitions, max_partitions)
+        with marks:
+            embedding = tf1.get_variable("embedding", [vocab, emb_dim], initializer=init,
+                                         partitioner=partitioner)
         x = tf.reshape(tf1.nn.embedding_lookup(embedding, previous, partition_strategy="div"),
                        [-1, context * emb_dim])
         w = tf1.get_variable("hidden/kernel", [context * emb_dim, hidden],
                              initializer=tf1.glorot_uniform_initializer())
         b = tf1.get_variable("hidden/bias", [hidden], initializer=tf1.zeros_initializer())
         h = tf.tanh(tf.matmul(x, w) + b)
-        softmax_w = tf1.get_variable("softmax/weights", [vocab, hidden], initializer=init,
-                                     partitioner=partitioner)
-        softmax_b = tf1.get_variable("softmax/bias", [vocab], initializer=tf1.zeros_initializer(),
-                                     partitioner=partitioner)
-        loss = tf.reduce_mean(tf1.nn.sampled_softmax_loss(
-            softmax_w, softmax_b, tf.cast(target, tf.int64), h, min(num_sampled, vocab - 1), vocab,
-            partition_strategy="div", seed=1), name="loss")
+        if sampled:
+            with marks:
+                softmax_w = tf1.get_variable("softmax/weights", [vocab, hidden],
+                                             initializer=init, partitioner=partitioner)
+                softmax_b = tf1.get_variable("softmax/bias", [vocab], partitioner=partitioner,
+                                             initializer=tf1.zeros_initializer())
+            losses = tf1.nn.sampled_softmax_loss(
+                softmax_w, softmax_b, target, h, min(num_sampled, vocab - 1), vocab,
+                partition_strategy="div", seed=1)
+        else:
+            softmax_w = tf1.get_variable("softmax/weights", [hidden, vocab], initializer=init)
+            softmax_b = tf1.get_variable("softmax/bias", [vocab],
+                                         initializer=tf1.zeros_initializer())
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=target[:, 0], logits=tf.matmul(h, softmax_w) + softmax_b)
+        loss = tf.reduce_mean(losses, name="loss")
         step = tf1.train.get_or_create_global_step()
         optimizer = tf1.train.AdagradOptimizer(lr)
         if wrap_optimizer is not None:
@@ -115,7 +140,11 @@ def main():
     p.add_argument("--context", type=int, default=4)
     p.add_argument("--run-mode", default="HYBRID", help="HYBRID (default), AR or PS")
     p.add_argument("--partitions", type=int, help="parts per vocabulary-sized variable on the "
-                   "parameter servers (default: one per PS task)")
+                   "parameter servers (default: searched by tfpar, then remembered)")
+    p.add_argument("--min-partitions", type=int, help="lower bound of the search")
+    p.add_argument("--max-partitions", type=int, help="upper bound of the search")
+    p.add_argument("--search-trials", type=int, default=5)
+    p.add_argument("--search-again", action="store_true", help="forget the remembered count")
     p.add_argument("--no-local-aggregation", action="store_true")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
@@ -125,10 +154,14 @@ def main():
     args = p.parse_args()
     words = read_text(args.text, args.vocab) if args.text else zipf_text(args.vocab)
     graph, loss, train_op = build_graph(words, args.vocab, args.context,
-                                        batch_size=args.batch_size)
+                                        batch_size=args.batch_size,
+                                        min_partitions=args.min_partitions,
+                                        max_partitions=args.max_partitions)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
                           local_aggregation=not args.no_local_aggregation,
-                          session_config=session_config(args.threads))
+                          session_config=session_config(args.threads),
+                          search_trials=args.search_trials,
+                          search_partitions="force" if args.search_again else "auto")
 
     with tfpar.get_runner(graph, config=config) as runner:     # tfpar line 2 of 2
         if runner.is_chief:

@@ -39,8 +39,10 @@ def run_one(system, n, vocab, steps, warmup, two_hosts=False):
         if system == "horovod_sparse_as_dense":
             script = [os.path.join(REPO, "scripts", "lm_horovod_baseline.py")]
         else:
+            # One part per parameter server, as issue 3 measured; benchmark_partitions.py
+            # measures the search.
             script = [os.path.join(REPO, "examples", "lm.py"), "--run-mode", system,
-                      "--log-every", str(steps)]
+                      "--log-every", str(steps), "--partitions", "2" if two_hosts else "1"]
         cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(n), "-H", hosts_for(n, two_hosts),
                sys.executable, *script, "--vocab", str(vocab), "--steps", str(steps),
                "--warmup", str(warmup), "--json", out]

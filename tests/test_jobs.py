@@ -56,7 +56,7 @@ def test_example_trains_on_two_workers():
 def test_language_model_example_trains_in_hybrid(tmp_path):
     summary = tmp_path / "summary.json"
     proc = horovodrun(2, os.path.join(REPO, "examples", "lm.py"), "--vocab", "3000", "--steps",
-                      "80", "--log-every", "40", "--json", str(summary))
+                      "80", "--log-every", "40", "--partitions", "2", "--json", str(summary))
     assert proc.returncode == 0, proc.stdout[-5000:]
     assert "runs as HYBRID" in proc.stdout and "words/s" in proc.stdout
     s = json.loads(summary.read_text())
@@ -72,6 +72,7 @@ def test_language_model_example_reads_a_text_file(tmp_path):
     summary = tmp_path / "summary.json"
     proc = horovodrun(2, os.path.join(REPO, "examples", "lm.py"), "--text", str(text), "--vocab",
                       "50", "--steps", "40", "--log-every", "20", "--run-mode", "PS",
+                      "--partitions", "1",
                       "--json", str(summary))
     assert proc.returncode == 0, proc.stdout[-5000:]
     s = json.loads(summary.read_text())

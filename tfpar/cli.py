@@ -10,6 +10,7 @@ graph), or a saved MetaGraphDef (`.meta`, binary or text).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -74,9 +75,13 @@ def main(argv=None):
                       "(default: one per PS task)")
     plan.add_argument("--no-local-aggregation", action="store_true",
                       help="push every worker's gradient to the PS (not one push per host)")
+    plan.add_argument("--forget-search", action="store_true",
+                      help="delete the remembered partition search of this graph and layout, "
+                      "so the next job searches again")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
 
+    from tfpar import partition
     from tfpar.analysis import DEFAULT_GRADIENT_SCOPE, analyse
     from tfpar.config import Config
     from tfpar.errors import TfparError
@@ -85,7 +90,8 @@ def main(argv=None):
 
     try:
         scope = args.gradient_scope or DEFAULT_GRADIENT_SCOPE
-        analysis = analyse(load_graph(args.source), scope)
+        graph = load_graph(args.source)
+        analysis = analyse(graph, scope)
         if args.command == "inspect":
             print(analysis.table())
             print(f"global step: {analysis.global_step or '-'}; "
@@ -100,7 +106,31 @@ def main(argv=None):
                         partitions=args.partitions,
                         local_aggregation=not args.no_local_aggregation)
         result = make_plan(analysis, config, layout)
+        notes = []
+        import tensorflow as tf
+        from tfpar.transform.graph_copy import copy_graph, to_meta_graph
+        groups = partition.marked_groups(graph if isinstance(graph, tf.Graph)
+                                         else copy_graph(graph))
+        if groups and result.mode in ("HYBRID", "PS"):
+            partition.check_groups(groups, analysis, result.mode)
+            key = partition.cache_key(to_meta_graph(graph), analysis, layout, groups,
+                                      result.mode)
+            if args.forget_search and os.path.exists(partition.cache_path(config, key)):
+                os.remove(partition.cache_path(config, key))
+                notes.append("forgot the remembered partition search")
+            decisions = partition.remembered(config, key, groups)
+            if decisions:
+                counts = {n: d.partitions for d in decisions.values() for n in d.variables}
+                config = dataclasses.replace(config, partitions=counts)
+                result = make_plan(analysis, config, layout,
+                                   {g: d.to_dict() for g, d in decisions.items()})
+            else:
+                notes.append("the partition count of the tfpar.partitioner variables is "
+                             "searched when the job starts (none remembered for this graph "
+                             "and layout)")
         print(result.to_json() if args.json else result.table())
+        for n in notes:
+            print(f"note: {n}", file=sys.stderr if args.json else sys.stdout)
         return 0
     except TfparError as e:
         print(f"tfpar: error: {e}", file=sys.stderr)

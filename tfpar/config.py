@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 from tfpar.errors import TfparError
 
@@ -29,6 +29,13 @@ class Config:
         `partitioner=` of a variable scope) are kept as they are.
       local_aggregation: in HYBRID and PS modes, sum the gradients of the workers of a host
         on that host's PS first, so each PS part receives one push per host per step.
+      search_partitions: for variables made inside a `tfpar.partitioner`: "auto" (use the
+        count remembered for this graph and layout, else search), "force" (search again),
+        or "off" (use the partitioner's minimum, or 1).
+      search_trials, search_seconds: caps on the trials of one search and on its time.
+      search_steps: (untimed, timed) training steps per trial.
+      search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials.
+      search_cache: folder of remembered searches (default ~/.cache/tfpar/partitions).
     """
 
     run_mode: str = "HYBRID"
@@ -38,6 +45,12 @@ class Config:
     gradient_scope: str = r"(^|/)gradients(_\d+)?/"
     partitions: Optional[Union[int, Dict[str, int]]] = None
     local_aggregation: bool = True
+    search_partitions: str = "auto"
+    search_trials: int = 5
+    search_seconds: float = 600.0
+    search_steps: Tuple[int, int] = (5, 20)
+    search_feed: Optional[Callable[[int], dict]] = None
+    search_cache: Optional[str] = None
 
     def __post_init__(self):
         mode = str(self.run_mode).upper() if isinstance(self.run_mode, str) else self.run_mode
@@ -52,6 +65,14 @@ class Config:
             if isinstance(c, bool) or not isinstance(c, int) or c < 1:
                 raise TfparError(f"Config.partitions must be a positive int or a dict of "
                                  f"variable name to positive int, got {self.partitions!r}")
+        if self.search_partitions not in ("auto", "force", "off"):
+            raise TfparError(f"Config.search_partitions must be 'auto', 'force' or 'off', got "
+                             f"{self.search_partitions!r}")
+        if (not isinstance(self.search_trials, int) or self.search_trials < 1
+                or self.search_seconds <= 0 or len(self.search_steps) != 2
+                or min(self.search_steps) < 0 or self.search_steps[1] < 1):
+            raise TfparError("Config.search_trials must be >= 1, search_seconds > 0 and "
+                             "search_steps (untimed >= 0, timed >= 1) steps")
         for name in ("average_dense", "average_sparse", "local_aggregation"):
             if not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")

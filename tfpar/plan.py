@@ -78,6 +78,8 @@ class Plan:
     global_step: Optional[str] = None
     notes: Tuple[str, ...] = ()
     local_aggregation: bool = False  # PS pushes combined per host first
+    # {partitioner group: how its count was decided (GroupDecision.to_dict())}
+    partition_search: Optional[dict] = None
 
     @property
     def num_ps(self) -> int:
@@ -163,6 +165,14 @@ class Plan:
                              enumerate(self.ps_load()))
             lines.append(f"parameter servers: {load}; local aggregation "
                          f"{'on' if self.local_aggregation else 'off'}")
+        for gid, d in sorted((self.partition_search or {}).items()):
+            how = {"searched": "searched in this job", "remembered": "remembered from an "
+                   "earlier search", "config": "set by tfpar.Config"}[d["source"]]
+            lines.append(f"partition count of {', '.join(d['variables'])}: P={d['partitions']} "
+                         f"({how})")
+            if d.get("search"):
+                from tfpar.partition.search import SearchResult
+                lines.append("  " + SearchResult.from_dict(d["search"]).describe())
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def __str__(self):

@@ -22,8 +22,12 @@ from tfpar.resources import Layout
 _SPARSE_WRITERS_PREFIXES = ("ResourceSparseApply", "SparseApply", "ResourceScatter", "Scatter")
 
 
-def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout) -> Plan:
-    """Routes every variable of `analysis` for `config.run_mode` on `layout`."""
+def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
+              partition_search: Optional[dict] = None) -> Plan:
+    """Routes every variable of `analysis` for `config.run_mode` on `layout`.
+
+    partition_search: how the counts of `tfpar.partitioner` groups were decided (shown).
+    """
     n = layout.num_workers
     sparse = [v.name for v in analysis.trained if v.kind == "sparse"]
     notes: List[str] = []
@@ -56,7 +60,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout) -> Plan:
     return Plan(run_mode=config.run_mode, mode=mode, num_workers=n,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step, notes=tuple(notes),
-                local_aggregation=local_aggregation)
+                local_aggregation=local_aggregation, partition_search=partition_search)
 
 
 def _common(v: VariableInfo) -> dict:
@@ -150,8 +154,11 @@ def _parts(analysis: GraphAnalysis, config: Config, on_ps, num_ps: int,
         if rows is None:
             raise TfparError(f"sparse variable {v.name!r} has an unknown number of rows; "
                              "give it a static shape")
-        if v.partition is not None:
-            count = 1  # a piece of the user's own partitioner: keep it whole
+        whole = v.partition is not None and tuple(v.partition.full_shape) == tuple(v.shape)
+        if v.partition is not None and not (whole and v.name in requested):
+            # A piece of the user's own partitioner: keep it whole. (The one piece that a
+            # tfpar.partitioner used as partitioner= leaves is split as requested.)
+            count = 1
             if v.name in requested and requested[v.name] != 1:
                 raise TfparError(f"{v.name!r} is already a piece of the partitioned variable "
                                  f"{v.partition.full_name!r}; its partitioner decides the parts")

@@ -1,13 +1,14 @@
 """`get_runner` and the session-like Runner that trains the rewritten graph."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Dict, Optional
 
 import tensorflow as tf
 
-from tfpar import runtime
+from tfpar import partition, runtime
 from tfpar.analysis import analyse
 from tfpar.config import Config
 from tfpar.errors import TfparError
@@ -43,15 +44,58 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
         raise TfparError(f"config must be a tfpar.Config, got {type(config).__name__}")
     requested = parse_resources(resources)
     meta = to_meta_graph(graph)
-    analysis = analyse(graph if isinstance(graph, tf.Graph) else meta, config.gradient_scope)
+    source_graph = graph if isinstance(graph, tf.Graph) else copy_graph(meta)
+    analysis = analyse(source_graph, config.gradient_scope)
 
-    hvd = runtime.horovod()
+    runtime.horovod()
     layout = reconcile(requested, runtime.current_layout())
-    plan = make_plan(analysis, config, layout)
+    config, decisions = _partition_counts(meta, source_graph, analysis, config, layout)
+    plan = make_plan(analysis, config, layout, decisions)
+    runner = _start(meta, plan, config, layout,
+                    graph if isinstance(graph, tf.Graph) else None)
+    if runner.is_chief:
+        log.info("%s", plan.table())
+    return runner
+
+
+def _partition_counts(meta, graph, analysis, config: Config, layout):
+    """The config with the counts of `tfpar.partitioner` groups filled in (searched in this
+    job if need be), and how they were decided (for the plan)."""
+    groups = partition.marked_groups(graph)
+    mode = make_plan(analysis, dataclasses.replace(config, partitions=None), layout).mode
+    partition.check_groups(groups, analysis, mode)
+    if not groups or mode not in ("HYBRID", "PS"):
+        return config, None
+    key = partition.cache_key(meta, analysis, layout, groups, mode)
+    step_ops = partition.training_step(graph, analysis)
+    warmup, measured = config.search_steps
+
+    def run_trial(counts):
+        trial_config = dataclasses.replace(config, partitions={**_fixed(config), **counts})
+        trial = _start(meta, make_plan(analysis, trial_config, layout), trial_config, layout,
+                       graph, trial=True)
+        try:
+            return partition.timed_steps(trial, step_ops, config.search_feed, warmup, measured)
+        finally:
+            trial.release()
+
+    decisions = partition.decide(groups, analysis, config, layout, key, run_trial)
+    counts = {n: d.partitions for d in decisions.values() for n in d.variables}
+    config = dataclasses.replace(config, partitions={**_fixed(config), **counts})
+    return config, {gid: d.to_dict() for gid, d in decisions.items()}
+
+
+def _fixed(config: Config) -> dict:
+    return dict(config.partitions) if isinstance(config.partitions, dict) else {}
+
+
+def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
+           trial: bool = False) -> "Runner":
+    """Rewrites a copy of the graph for `plan`, starts its session, initialises it."""
+    hvd = runtime.horovod()
     rank = hvd.rank()
     host = layout.hosts[layout.host_of_rank(rank)]
     session_config = runtime.session_config(config.session_config, host.gpus)
-
     rewritten = copy_graph(with_shard_values(meta, hvd.size(), rank))
     cluster = ps = None
     if plan.num_ps:
@@ -87,10 +131,7 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
         if cluster:
             cluster.abort(_reason(e))
         raise
-    if rank == 0:
-        log.info("%s", plan.table())
-    source = graph if isinstance(graph, tf.Graph) else None
-    return Runner(session, rewritten, plan, rank, hvd.size(), source, ps)
+    return Runner(session, rewritten, plan, rank, hvd.size(), source, ps, trial=trial)
 
 
 def _reason(e: BaseException) -> str:
@@ -126,8 +167,9 @@ class Runner:
     """
 
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
-                 source_graph: Optional[tf.Graph] = None, ps=None):
+                 source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False):
         self._session = session
+        self._trial = trial
         self._ps = ps
         self._replaced = dict(ps.replaced) if ps is not None else {}
         self._counters = counters(graph)
@@ -183,6 +225,14 @@ class Runner:
         keys = sorted(self._ps.pushes)
         values = self._session.run([self._ps.pushes[k].read_value() for k in keys])
         return {k: int(v) for k, v in zip(keys, values)}
+
+    def release(self):
+        """Ends a search trial: frees its parameter-server state, then closes it."""
+        if self._ps is not None and self._session is not None:
+            runtime.allgather_strings("trial done")  # every worker is done with the PS state
+            if self.is_chief:
+                self._session.run(self._ps.release)
+        self.close()
 
     def close(self):
         """Closes the session. The Horovod job, and in a PS job the parameter servers, stay

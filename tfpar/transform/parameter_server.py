@@ -51,6 +51,7 @@ class PsRewrite:
     pushes: Dict[str, tf.Variable]  # "var/part_k" -> count of pushes its PS received (chief)
     init: tf.Operation  # initialises the parts (run by the chief only)
     step: tf.Operation  # ends a training step: what the original updates' users now wait for
+    release: tf.Operation  # frees this rewrite's variables on the PS (after a search trial)
 
 
 def apply_parameter_server(graph: tf.Graph, plan: Plan, rank: int, traffic: Traffic,
@@ -99,9 +100,15 @@ class _Rewriter:
                     initializer=tf.compat.v1.zeros_initializer())
                 step = step_var.read_value()
             done = self._sync(step, step_var)
-            init = tf.compat.v1.variables_initializer(self.g.get_collection(PS_VARIABLES),
-                                                      name="tfpar/ps/init")
-        return PsRewrite(self.reads, self.replaced, self.pushes, init, done)
+            on_ps = self.g.get_collection(PS_VARIABLES)
+            init = tf.compat.v1.variables_initializer(on_ps, name="tfpar/ps/init")
+            frees = []
+            for var in on_ps:
+                with tf.device(var.device):
+                    frees.append(tf.raw_ops.DestroyResourceOp(resource=var.handle,
+                                                              ignore_lookup_error=True))
+            release = tf.group(*frees, name="tfpar/ps/release")
+        return PsRewrite(self.reads, self.replaced, self.pushes, init, done, release)
 
     # -- storage -------------------------------------------------------------------------------
     def _make_parts(self, v: VariablePlan, originals):
