@@ -80,3 +80,18 @@ def test_the_count_is_remembered(job, tmp_path):
     (group,) = record["groups"].values()
     plan = json.loads(str(np.load(out / "rank0.npz")["plan"]))
     assert group["partitions"] == next(iter(plan["partition_search"].values()))["partitions"]
+
+
+def test_tfpar_plan_shows_the_remembered_search_and_can_forget_it(job):
+    from test_cli import tfpar_cmd
+    out, _ = job
+    args = ("plan", os.path.join(TESTS, "search_model.py:build"), "--resources", "localhost:2",
+            "--search-cache", str(out / "cache"))
+    proc = tfpar_cmd(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert "partition count of embedding: P=" in proc.stdout
+    assert "(remembered from an earlier search)" in proc.stdout and "trials: P=1:" in proc.stdout
+    proc = tfpar_cmd(*args, "--forget-search")
+    assert proc.returncode == 0 and "forgot the remembered partition search" in proc.stdout
+    assert os.listdir(out / "cache") == []
+    assert "searched when the job starts" in tfpar_cmd(*args).stdout

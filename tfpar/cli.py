@@ -75,6 +75,8 @@ def main(argv=None):
                       "(default: one per PS task)")
     plan.add_argument("--no-local-aggregation", action="store_true",
                       help="push every worker's gradient to the PS (not one push per host)")
+    plan.add_argument("--search-cache", help="folder of remembered partition searches "
+                      "(default ~/.cache/tfpar/partitions)")
     plan.add_argument("--forget-search", action="store_true",
                       help="delete the remembered partition search of this graph and layout, "
                       "so the next job searches again")
@@ -103,7 +105,7 @@ def main(argv=None):
                              "resource file, or use --resources host:N,...")
         config = Config(run_mode=args.run_mode, average_dense=not args.sum,
                         average_sparse=not args.sum, gradient_scope=scope,
-                        partitions=args.partitions,
+                        partitions=args.partitions, search_cache=args.search_cache,
                         local_aggregation=not args.no_local_aggregation)
         result = make_plan(analysis, config, layout)
         notes = []
