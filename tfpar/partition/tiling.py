@@ -1,0 +1,141 @@
+"""Tilings of tensors and what converting between them costs (SoyBean, sections 3-4).
+
+One *cut* splits a group of devices into m subgroups, and tiles each tensor one way:
+split along dimension d into m equal parts, replicate (`r`), or, for a matmul's output
+only, `red` (m full-size partial sums still to be added). A k-cut tiling is the sequence
+of the cuts' basic tilings (outermost first), e.g. "RC" on 4 devices: rows over the two
+outer groups, columns inside each. For 2-D tensors R = split rows (dim 0), C = split
+columns (dim 1).
+
+Costs count elements moved, summed over devices, by the "ghost area" rule: each device
+fetches what its local computation needs and it does not hold. For a cut into m parts of
+a tensor of S elements:
+
+    split d -> split d': S(1 - 1/m)  (each holds S/m, needs S/m, shares S/m^2)   [d != d']
+    split   -> r       : S(m - 1)    (each fetches the S - S/m it lacks)
+    r       -> any     : 0
+    red     -> split   : S(m - 1)    (each gathers its S/m from m-1 partials)
+    red     -> r       : 2S(m - 1)   (red -> split -> r)
+
+For m = 2 this is the digest's table (R<->C S/2, R->r S, red->R S, red->r 2S).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional, Sequence, Tuple
+
+RED = "red"
+REPLICATE = None  # a Cut with dim None replicates
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """One basic tiling: split dimension `dim` into `parts`, or replicate (dim None)."""
+
+    dim: Optional[int]
+    parts: int = 2
+
+    def __str__(self):
+        letter = "r" if self.dim is None else {0: "R", 1: "C"}.get(self.dim, f"P{self.dim}")
+        return letter if self.parts == 2 else f"{letter}{self.parts}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """A k-cut tiling: one Cut per cut of the device groups, outermost first."""
+
+    cuts: Tuple[Cut, ...] = ()
+
+    def then(self, cut: Cut) -> "Tiling":
+        """Composition (Definition 1): this tiling, then `cut` inside each tile."""
+        return Tiling(self.cuts + (cut,))
+
+    def flattened(self) -> Tuple[Tuple[Optional[int], int], ...]:
+        """Theorem 2: only how many ways each dimension is split matters, not the order.
+        Returns sorted (dim, total parts) pairs, replication included as dim None."""
+        total: Dict[Optional[int], int] = {}
+        for c in self.cuts:
+            total[c.dim] = total.get(c.dim, 1) * c.parts
+        return tuple(sorted(total.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+
+    def tile_shape(self, shape: Sequence[int]) -> Tuple[int, ...]:
+        out = list(shape)
+        for c in self.cuts:
+            if c.dim is not None:
+                out[c.dim] //= c.parts
+        return tuple(out)
+
+    @property
+    def devices(self) -> int:
+        n = 1
+        for c in self.cuts:
+            n *= c.parts
+        return n
+
+    def __str__(self):
+        return "".join(str(c) for c in self.cuts) or "-"
+
+    @classmethod
+    def parse(cls, text: str) -> "Tiling":
+        """"RC", "rR", "C3R" (a 3-way column cut, then a 2-way row cut)."""
+        cuts, i = [], 0
+        while i < len(text):
+            ch = text[i]
+            i += 1
+            if ch == "P":
+                j = i
+                while j < len(text) and text[j].isdigit():
+                    j += 1
+                dim, i = int(text[i:j]), j
+            else:
+                dim = {"R": 0, "C": 1, "r": None}[ch]
+            j = i
+            while j < len(text) and text[j].isdigit():
+                j += 1
+            parts = int(text[i:j]) if j > i else 2
+            i = j
+            cuts.append(Cut(dim, parts))
+        return cls(tuple(cuts))
+
+
+def convert_cost(src, dst: Optional[int], size: float, m: int) -> float:
+    """Elements moved to turn a one-cut tiling `src` (a dim, None for r, or RED) into `dst`."""
+    if src == RED:
+        return size * (m - 1) * (2 if dst is None else 1)
+    if src is None or src == dst:
+        return 0.0
+    if dst is None:
+        return size * (m - 1)
+    return size * (1 - 1 / m)
+
+
+def matmul_cost(ta, tb, tc, sa: float, sb: float, sc: float, m: int,
+                transpose_a=False, transpose_b=False) -> Tuple[float, str]:
+    """Equation 2: the cheapest aligned form of C = op(A) op(B) for one cut into m parts.
+
+    ta, tb, tc: the one-cut tilings (dim or None) of the stored A, B, C; a transposed
+    operand's dim 0 is the product's dim 1. Returns (elements moved, form).
+    """
+    def as_used(t, transposed):
+        return t if (t is None or not transposed) else 1 - t
+
+    ua, ub = as_used(ta, transpose_a), as_used(tb, transpose_b)
+    forms = (
+        ("R x r -> R", convert_cost(ua, 0, sa, m) + convert_cost(ub, None, sb, m)
+         + convert_cost(0, tc, sc, m)),
+        ("r x C -> C", convert_cost(ua, None, sa, m) + convert_cost(ub, 1, sb, m)
+         + convert_cost(1, tc, sc, m)),
+        ("C x R -> red", convert_cost(ua, 1, sa, m) + convert_cost(ub, 0, sb, m)
+         + convert_cost(RED, tc, sc, m)),
+    )
+    name, cost = min(forms, key=lambda f: f[1])
+    return cost, name
+
+
+def distinct_tilings(k: int, dims: int = 2) -> int:
+    """How many different k-cut tilings a `dims`-d tensor has (flattening: (k+1)(k+2)/2
+    for matrices), counted by enumerating compositions of binary cuts."""
+    seen = {Tiling()}
+    for _ in range(k):
+        seen = {t.then(Cut(d)) for t in seen for d in list(range(dims)) + [None]}
+    return len({t.flattened() for t in seen})
