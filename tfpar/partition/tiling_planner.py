@@ -10,6 +10,10 @@
   hierarchy (hosts x devices), the cuts are ordered to put the first cut, which carries
   the least weighted traffic (Theorem 3), on the slowest links; without one, every order
   of the factors is tried and the cheapest kept.
+- `joint_k_cuts`: the same DP over whole k-cut tilings, exact; SoyBean's recursion is not
+  always optimal (a 2-layer chain on 4 devices: 192 elements greedy, 168 joint), so the
+  planner uses the joint DP while it is small (up to 9 k-cut tilings per matrix: 4
+  devices) and the recursion beyond.
 - `exhaustive_one_cut`: brute force over every assignment, for tests.
 """
 from __future__ import annotations
@@ -62,6 +66,53 @@ def _order(df: Dataflow) -> List[int]:
 
 def one_cut(df: Dataflow, m: int) -> Tuple[Dict[str, Optional[int]], float]:
     """The cheapest one-cut tiling of every matrix (dim or None) and its cost in elements."""
+    return _min_sum(df, lambda x: options(df.matrices[x].shape, m),
+                    lambda mm, assign: _cost(df, mm, assign, m))
+
+
+def joint_k_cuts(df: Dataflow, order: Sequence[int]) -> Tuple[Dict[str, Tiling], float]:
+    """The cheapest k-cut tilings over all cuts at once (exact, unlike the recursion):
+    the same DP with a whole k-cut tiling per matrix. Its state space grows as 3^k per
+    matrix, so `plan_tiling` uses it only while that stays small."""
+    def tilings_of(x):
+        out = [Tiling()]
+        for m in order:
+            out = [t.then(Cut(d, m)) for t in out
+                   for d in options(t.tile_shape(df.matrices[x].shape), m)]
+        return out
+
+    cache: Dict[Tuple, float] = {}
+
+    def cost(mm, assign):
+        key = (mm.name, assign[mm.a], assign[mm.b], assign[mm.out])
+        if key not in cache:
+            total, weight = 0.0, 1
+            for level, m in enumerate(order):
+                ta, tb, tc = (assign[x] for x in (mm.a, mm.b, mm.out))
+                sizes = [_tile_size(df.matrices[x].shape, assign[x], level)
+                         for x in (mm.a, mm.b, mm.out)]
+                c, _ = matmul_cost(ta.cuts[level].dim, tb.cuts[level].dim,
+                                   tc.cuts[level].dim, *sizes, m, mm.transpose_a,
+                                   mm.transpose_b)
+                total += weight * c
+                weight *= m
+            cache[key] = total
+        return cache[key]
+
+    assignment, total = _min_sum(df, tilings_of, cost)
+    return {x: assignment.get(x) or Tiling(tuple(Cut(None, m) for m in order))
+            for x in df.matrices}, total
+
+
+def _tile_size(shape, tiling: Tiling, level: int) -> float:
+    size = 1.0
+    for d in Tiling(tiling.cuts[:level]).tile_shape(shape):
+        size *= d
+    return size
+
+
+def _min_sum(df: Dataflow, options_of, cost_of_mm) -> Tuple[Dict[str, object], float]:
+    """min over assignments of the sum of per-matmul costs, by a frontier DP in BFS order."""
     if not df.matmuls:
         raise TfparError("the graph has no matmuls: there is nothing for the tiling planner "
                          "to split")
@@ -71,6 +122,7 @@ def one_cut(df: Dataflow, m: int) -> Tuple[Dict[str, Optional[int]], float]:
         mm = df.matmuls[i]
         for x in (mm.a, mm.b, mm.out):
             last_use[x] = pos
+    opts = {x: options_of(x) for x in last_use}
     # state: tuple of (matrix, tiling) for live matrices -> (cost, decided assignment)
     states: Dict[Tuple, Tuple[float, Tuple]] = {(): (0.0, ())}
     for pos, i in enumerate(order):
@@ -79,17 +131,17 @@ def one_cut(df: Dataflow, m: int) -> Tuple[Dict[str, Optional[int]], float]:
         for live, (cost, decided) in states.items():
             known = dict(live)
             fresh = [x for x in dict.fromkeys((mm.a, mm.b, mm.out)) if x not in known]
-            for choice in itertools.product(*(options(df.matrices[x].shape, m)
-                                              for x in fresh)):
+            for choice in itertools.product(*(opts[x] for x in fresh)):
                 assign = {**known, **dict(zip(fresh, choice))}
-                total = cost + _cost(df, mm, assign, m)
-                keep = tuple(sorted((x, t) for x, t in assign.items() if last_use[x] > pos))
+                total = cost + cost_of_mm(mm, assign)
+                keep = tuple(sorted(((x, t) for x, t in assign.items() if last_use[x] > pos),
+                                    key=lambda kv: kv[0]))
                 done = decided + tuple((x, t) for x, t in assign.items()
                                        if last_use[x] == pos)
                 if keep not in new_states or total < new_states[keep][0]:
                     new_states[keep] = (total, done)
         states = new_states
-    cost, decided = min(states.values(), key=lambda s: s[0])
+    cost, decided = min(states.values(), key=lambda st: st[0])
     assignment = dict(decided)
     for x in df.matrices:  # matrices no matmul uses: anything is free
         assignment.setdefault(x, None)
@@ -160,6 +212,7 @@ class TilingPlan:
     data_parallel_bytes: float
     model_parallel_bytes: float
     hierarchy: Optional[Tuple[Tuple[int, float], ...]] = None  # (parts, link GB/s) per cut
+    search: str = ""  # how the tilings were found
 
     @property
     def total_bytes(self) -> float:
@@ -189,7 +242,8 @@ class TilingPlan:
             rows.append((x, self.kinds[x], "x".join(map(str, self.shapes[x])), self.tilings[x]))
         mb = 1e6
         lines = [f"tfpar tiling plan: {self.devices} devices as cuts "
-                 f"{' x '.join(map(str, self.cuts)) or '-'} (outermost first)",
+                 f"{' x '.join(map(str, self.cuts)) or '-'} (outermost first); search: "
+                 f"{self.search}",
                  format_table(rows),
                  "bytes per step: " + ", ".join(f"{c} {b / mb:.3f} MB"
                                                 for c, b in self.bytes_by_cause.items())
@@ -238,10 +292,11 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         orders = factorizations(devices)
     best = None
     for order in orders:
-        tilings, total = _k_cuts(df, order)
+        exact = _joint_is_small(df, order)
+        tilings, total = joint_k_cuts(df, order) if exact else _k_cuts(df, order)
         if best is None or total < best[1]:
-            best = (tilings, total, order)
-    tilings, _, order = best
+            best = (tilings, total, order, exact)
+    tilings, _, order, exact = best
     return TilingPlan(
         devices=devices, cuts=tuple(order), tilings={x: str(t) for x, t in tilings.items()},
         shapes={x: m.shape for x, m in df.matrices.items()},
@@ -249,7 +304,19 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         bytes_by_cause=cost_of(df, tilings, itemsize) if order else {c: 0.0 for c in CAUSES},
         data_parallel_bytes=_total(df, canonical(df, DATA_PARALLEL, order), itemsize),
         model_parallel_bytes=_total(df, canonical(df, MODEL_PARALLEL, order), itemsize),
-        hierarchy=tuple(tuple(h) for h in hierarchy) if hierarchy else None)
+        hierarchy=tuple(tuple(h) for h in hierarchy) if hierarchy else None,
+        search="exact (joint over all cuts)" if exact or not order
+        else "SoyBean recursion (best cut, then recurse)")
+
+
+JOINT_LIMIT = 9  # k-cut tilings per matrix up to which the exact joint DP runs
+
+
+def _joint_is_small(df: Dataflow, order: Sequence[int]) -> bool:
+    n = 1
+    for _ in order:
+        n *= 3
+    return n <= JOINT_LIMIT
 
 
 def _total(df, tilings, itemsize) -> float:
