@@ -154,3 +154,49 @@ def test_k_cut_recursion_equals_a_joint_search_over_both_cuts():
                     _, inner = one_cut(df.scaled({x: Cut(first[x], 2) for x in names}), 2)
                     joint = min(joint, delta + 2 * inner)
             assert plan_tiling(df, 4).total_bytes == pytest.approx(joint * 4)
+
+
+def _tf_mlp(batch):
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [batch, 8], name="x")
+        h = x
+        for i, width in enumerate((16, 16, 4)):
+            w = tf1.get_variable(f"w{i}", [h.shape[-1], width])
+            h = tf.matmul(h, w)
+            h = tf.tanh(h) if i < 2 else h
+        loss = tf.reduce_mean(tf.square(h))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    return g
+
+
+def test_extraction_from_a_real_graph():
+    from tfpar.partition.extract import extract
+    g = _tf_mlp(None)
+    df = extract(g, tfpar.analyse(g), batch=32)
+    causes = sorted(mm.cause for mm in df.matmuls)
+    # 3 forward, 3 weight gradients, and the data gradients TensorFlow built (at least 2).
+    assert causes.count("forward") == 3 and causes.count("backward_weight") == 3
+    assert causes.count("backward_data") >= 2
+    weights = {x for x, m in df.matrices.items() if m.kind == "weight"}
+    assert weights == {"w0", "w1", "w2"}
+    assert df.matrices["x"].shape == (32, 8)
+    # Each weight gradient is written into its weight's matrix (an element-wise update).
+    assert {mm.out for mm in df.matmuls if mm.cause == "backward_weight"} == weights
+    plan = plan_tiling(df, 4)
+    assert plan.total_bytes <= min(plan.data_parallel_bytes, plan.model_parallel_bytes)
+    with pytest.raises(tfpar.TfparError, match="unknown dimension"):
+        extract(g, tfpar.analyse(g))
+
+
+def test_tfpar_plan_tiling_on_the_examples():
+    from test_cli import MODEL, tfpar_cmd
+    proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert "tfpar tiling plan: 4 devices" in proc.stdout and "dense0/kernel" in proc.stdout
+    proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "4", "--json")
+    assert TilingPlan.from_json(proc.stdout).devices == 4
+    proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "0")
+    assert proc.returncode == 2 and "positive int" in proc.stderr

@@ -80,6 +80,11 @@ def main(argv=None):
     plan.add_argument("--forget-search", action="store_true",
                       help="delete the remembered partition search of this graph and layout, "
                       "so the next job searches again")
+    plan.add_argument("--tiling", action="store_true",
+                      help="plan tilings of the matmuls (model/hybrid parallelism) instead")
+    plan.add_argument("--devices", type=int, help="devices for --tiling (default: workers)")
+    plan.add_argument("--batch", type=int, help="batch size for --tiling, where the graph "
+                      "leaves it unknown")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
 
@@ -98,6 +103,17 @@ def main(argv=None):
             print(analysis.table())
             print(f"global step: {analysis.global_step or '-'}; "
                   f"train ops: {', '.join(analysis.train_ops) or '-'}")
+            return 0
+        if args.command == "plan" and args.tiling:
+            import tensorflow as tf
+            from tfpar.partition.extract import extract
+            from tfpar.partition.tiling_planner import plan_tiling
+            from tfpar.transform.graph_copy import copy_graph
+            source = graph if isinstance(graph, tf.Graph) else copy_graph(graph)
+            devices = (args.devices if args.devices is not None
+                       else parse_resources(args.resources).num_workers)
+            tiling = plan_tiling(extract(source, analysis, args.batch, scope), devices)
+            print(tiling.to_json() if args.json else tiling.table())
             return 0
         layout = parse_resources(args.resources)
         if any(h.slots is None for h in layout.hosts):

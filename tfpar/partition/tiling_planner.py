@@ -66,8 +66,15 @@ def _order(df: Dataflow) -> List[int]:
 
 def one_cut(df: Dataflow, m: int) -> Tuple[Dict[str, Optional[int]], float]:
     """The cheapest one-cut tiling of every matrix (dim or None) and its cost in elements."""
-    return _min_sum(df, lambda x: options(df.matrices[x].shape, m),
-                    lambda mm, assign: _cost(df, mm, assign, m))
+    memo: Dict[Tuple, float] = {}
+
+    def cost(mm, assign):
+        key = (mm.name, assign[mm.a], assign[mm.b], assign[mm.out])
+        if key not in memo:
+            memo[key] = _cost(df, mm, assign, m)
+        return memo[key]
+
+    return _min_sum(df, lambda x: options(df.matrices[x].shape, m), cost)
 
 
 def joint_k_cuts(df: Dataflow, order: Sequence[int]) -> Tuple[Dict[str, Tiling], float]:
