@@ -220,6 +220,10 @@ class TilingPlan:
     model_parallel_bytes: float
     hierarchy: Optional[Tuple[Tuple[int, float], ...]] = None  # (parts, link GB/s) per cut
     search: str = ""  # how the tilings were found
+    # Time mode (a Machine was given): simulated step times, seconds.
+    step_time_s: Optional[float] = None
+    data_parallel_time_s: Optional[float] = None
+    model_parallel_time_s: Optional[float] = None
 
     @property
     def total_bytes(self) -> float:
@@ -257,6 +261,10 @@ class TilingPlan:
                  + f"; total {self.total_bytes / mb:.3f} MB",
                  f"for comparison: data parallel {self.data_parallel_bytes / mb:.3f} MB, "
                  f"model parallel {self.model_parallel_bytes / mb:.3f} MB"]
+        if self.step_time_s is not None:
+            lines.append(f"simulated step time: {self.step_time_s * 1e3:.3f} ms (data parallel "
+                         f"{self.data_parallel_time_s * 1e3:.3f} ms, model parallel "
+                         f"{self.model_parallel_time_s * 1e3:.3f} ms)")
         return "\n".join(lines)
 
 
@@ -272,12 +280,15 @@ MODEL_PARALLEL = {"weight": 0, "input": None, "activation": 1, "gradient": None}
 
 
 def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[int, float]]]
-                = None, itemsize: int = 4) -> TilingPlan:
+                = None, itemsize: int = 4, machine=None, iterations: int = 2000) -> TilingPlan:
     """The least-communication k-cut tiling of `df` on `devices` devices.
 
     hierarchy: optional ((parts, link bandwidth), ...) from the outside in, e.g.
     ((2, 1.25), (8, 25.0)) for 2 hosts of 8 devices; its product must be `devices`. Its
     levels are cut outermost-slowest (Theorem 3), each level in prime cuts.
+    machine: a `tfpar.partition.simulate.Machine` turns on time mode: the step time is
+    simulated (compute estimates, alpha-beta links) and an MCMC search seeded with data
+    parallelism and the communication-optimal plan minimises it.
     """
     if not isinstance(devices, int) or devices < 1:
         raise TfparError(f"the number of devices must be a positive int, got {devices!r}")
@@ -304,6 +315,22 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         if best is None or total < best[1]:
             best = (tilings, total, order, exact)
     tilings, _, order, exact = best
+    times = {}
+    search = ("exact (joint over all cuts)" if exact or not order
+              else "SoyBean recursion (best cut, then recurse)")
+    if machine is not None:
+        from tfpar.partition.simulate import Simulator, mcmc
+        if machine.devices != devices:
+            raise TfparError(f"the machine has {machine.devices} devices, not {devices}")
+        order = tuple(p for p, _, _ in machine.cuts)
+        dp, mp = canonical(df, DATA_PARALLEL, order), canonical(df, MODEL_PARALLEL, order)
+        if tuple(c.parts for c in next(iter(tilings.values())).cuts) != order:
+            tilings, _ = _k_cuts(df, order)
+        tilings, step = mcmc(df, machine, [dp, tilings], iterations)
+        sim = Simulator(df, machine, itemsize)
+        times = dict(step_time_s=step, data_parallel_time_s=sim.simulate(dp),
+                     model_parallel_time_s=sim.simulate(mp))
+        search = f"time mode: MCMC ({iterations} steps) from data parallel and the DP plan"
     return TilingPlan(
         devices=devices, cuts=tuple(order), tilings={x: str(t) for x, t in tilings.items()},
         shapes={x: m.shape for x, m in df.matrices.items()},
@@ -312,8 +339,7 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         data_parallel_bytes=_total(df, canonical(df, DATA_PARALLEL, order), itemsize),
         model_parallel_bytes=_total(df, canonical(df, MODEL_PARALLEL, order), itemsize),
         hierarchy=tuple(tuple(h) for h in hierarchy) if hierarchy else None,
-        search="exact (joint over all cuts)" if exact or not order
-        else "SoyBean recursion (best cut, then recurse)")
+        search=search, **times)
 
 
 JOINT_LIMIT = 9  # k-cut tilings per matrix up to which the exact joint DP runs

@@ -1,0 +1,62 @@
+"""Time-based planning: the simulator's delta updates and the MCMC search."""
+import itertools
+import random
+
+import pytest
+
+from tfpar.partition.dataflow import mlp
+from tfpar.partition.simulate import Machine, Simulator, mcmc, strategies
+from tfpar.partition.tiling import Cut, Tiling
+from tfpar.partition.tiling_planner import DATA_PARALLEL, canonical, plan_tiling
+
+MACHINE4 = Machine(flops=5e9, cuts=((2, 1e9, 2e-5), (2, 10e9, 5e-6)))
+
+
+def test_delta_simulation_equals_full_simulation_on_random_changes():
+    rng = random.Random(0)
+    for df in (mlp(64, [128, 256, 64]), mlp(32, [64] * 5)):
+        parts = [p for p, _, _ in MACHINE4.cuts]
+        names = sorted(df.matrices)
+        choices = {x: strategies(df, parts, x) for x in names}
+        delta, full = Simulator(df, MACHINE4), Simulator(df, MACHINE4)
+        delta.simulate({x: rng.choice(choices[x]) for x in names})
+        for _ in range(200):
+            x = rng.choice(names)
+            t = delta.change(x, rng.choice(choices[x]))
+            assert t == pytest.approx(full.simulate(delta.strategy), rel=1e-12)
+
+
+def test_more_communication_or_compute_takes_longer():
+    df = mlp(64, [128, 128])
+    sim = Simulator(df, MACHINE4)
+    dp = canonical(df, DATA_PARALLEL, [2, 2])
+    slow_net = Simulator(df, Machine(5e9, ((2, 1e8, 2e-5), (2, 1e9, 5e-6))))
+    assert slow_net.simulate(dp) > sim.simulate(dp)
+
+
+def test_mcmc_finds_the_exhaustive_optimum_on_small_graphs():
+    for df, machine in ((mlp(16, [32, 8]), Machine(1e9, ((2, 1e8, 1e-5),))),
+                        (mlp(8, [64, 64]), Machine(1e9, ((2, 1e8, 1e-5),))),
+                        (mlp(16, [32, 16]), MACHINE4)):
+        parts = [p for p, _, _ in machine.cuts]
+        names = sorted({x for mm in df.matmuls for x in (mm.a, mm.b, mm.out)})
+        sim = Simulator(df, machine)
+        exhaustive = min(sim.simulate(dict(zip(names, combo))) for combo in
+                         itertools.product(*(strategies(df, parts, x) for x in names)))
+        comm_optimal = {x: Tiling.parse(t) for x, t in
+                        plan_tiling(df, machine.devices).tilings.items()}
+        seeds = [canonical(df, DATA_PARALLEL, parts), comm_optimal]
+        _, found = mcmc(df, machine, seeds, iterations=3000)
+        assert found == pytest.approx(exhaustive, rel=1e-9)
+
+
+def test_time_mode_plan_is_no_slower_than_its_seeds():
+    df = mlp(64, [256, 256, 256])
+    plan = plan_tiling(df, 4, machine=MACHINE4, iterations=1000)
+    assert plan.search.startswith("time mode")
+    assert plan.step_time_s <= plan.data_parallel_time_s + 1e-12
+    comm = plan_tiling(df, 4)
+    sim = Simulator(df, MACHINE4)
+    assert plan.step_time_s <= sim.simulate({x: Tiling.parse(t) for x, t in
+                                             comm.tilings.items()}) + 1e-12
+    assert "simulated step time" in plan.table()
