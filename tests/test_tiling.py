@@ -200,3 +200,6 @@ def test_tfpar_plan_tiling_on_the_examples():
     assert TilingPlan.from_json(proc.stdout).devices == 4
     proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "0")
     assert proc.returncode == 2 and "positive int" in proc.stderr
+    proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "4", "--time", "--link-gbps", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "time mode: MCMC" in proc.stdout and "simulated step time" in proc.stdout

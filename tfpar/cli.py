@@ -85,6 +85,13 @@ def main(argv=None):
     plan.add_argument("--devices", type=int, help="devices for --tiling (default: workers)")
     plan.add_argument("--batch", type=int, help="batch size for --tiling, where the graph "
                       "leaves it unknown")
+    plan.add_argument("--time", action="store_true", help="--tiling in time mode: simulate "
+                      "step time (compute + alpha-beta links) and search it with MCMC")
+    plan.add_argument("--tflops", type=float, default=10.0, help="per device, for --time")
+    plan.add_argument("--link-gbps", type=float, default=10.0,
+                      help="link bandwidth in GB/s, for --time")
+    plan.add_argument("--latency-us", type=float, default=10.0,
+                      help="per-message latency in microseconds, for --time")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
 
@@ -112,7 +119,18 @@ def main(argv=None):
             source = graph if isinstance(graph, tf.Graph) else copy_graph(graph)
             devices = (args.devices if args.devices is not None
                        else parse_resources(args.resources).num_workers)
-            tiling = plan_tiling(extract(source, analysis, args.batch, scope), devices)
+            machine = None
+            if args.time:
+                from tfpar.partition.simulate import Machine
+                from tfpar.partition.tiling_planner import factorizations
+                if devices < 1:
+                    raise TfparError(f"the number of devices must be a positive int, got "
+                                     f"{devices}")
+                machine = Machine(args.tflops * 1e12, tuple(
+                    (p, args.link_gbps * 1e9, args.latency_us * 1e-6)
+                    for p in factorizations(devices)[0]))
+            tiling = plan_tiling(extract(source, analysis, args.batch, scope), devices,
+                                 machine=machine)
             print(tiling.to_json() if args.json else tiling.table())
             return 0
         layout = parse_resources(args.resources)
