@@ -1,20 +1,19 @@
 """The tiling planner: communication-minimal tilings of a matmul dataflow (SoyBean).
 
-- `one_cut`: the optimal tiling for one cut into m parts (Equation 3), by dynamic
-  programming over the matmuls in BFS order: the state is the tiling of every matrix that
-  both a done and a pending matmul use (SoyBean's tau_l); for a chain of layers that is a
-  few matrices, so the cost is linear in depth and exponential only in width.
-- `plan_tiling`: k cuts (Algorithm 1): the best one cut of the graph, then recursively of
-  the tile graph, total c = delta_outer + m_outer * c_inner (Theorem 1, generalised to
-  cuts into m parts), for any device count factored into cuts (6 = 2 x 3). With a
-  hierarchy (hosts x devices), the cuts are ordered to put the first cut, which carries
-  the least weighted traffic (Theorem 3), on the slowest links; without one, every order
-  of the factors is tried and the cheapest kept.
-- `joint_k_cuts`: the same DP over whole k-cut tilings, exact; SoyBean's recursion is not
-  always optimal (a 2-layer chain on 4 devices: 192 elements greedy, 168 joint), so the
-  planner uses the joint DP while it is small (up to 9 k-cut tilings per matrix: 4
-  devices) and the recursion beyond.
-- `exhaustive_one_cut`: brute force over every assignment, for tests.
+- `solve`: the exactly cheapest k-cut tilings of every matrix, over all cuts jointly.
+  The problem is a sum of per-matmul cost tables, one axis per operand's tiling, so
+  SoyBean's DP over BFS levels (its state: the tilings of the matrices that a done and a
+  pending matmul share) is min-plus variable elimination (`min_sum`), run vectorised.
+  For one cut (`one_cut`, Equation 3) a layer chain costs linear time in depth.
+- SoyBean's recursion (Algorithm 1, `_k_cuts`): the best one cut, then recursively of the
+  tile graph, total c = delta_outer + m_outer * c_inner (Theorem 1, generalised to cuts
+  into m parts). It is not always optimal (a 2-layer chain on 4 devices: 192 elements
+  greedy, 168 joint), so `plan_tiling` solves jointly whenever the tables fit
+  (`JOINT_BUDGET`: 8 devices on layer chains) and recurses only beyond.
+- `plan_tiling`: any device count, factored into cuts (6 = 2 x 3). With a hierarchy
+  (hosts x devices), the cuts are ordered to put the first cut, which carries the least
+  weighted traffic (Theorem 3), on the slowest links; without one, every order of the
+  factors is tried and the cheapest kept.
 """
 from __future__ import annotations
 
@@ -25,7 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from tfpar.errors import TfparError
 from tfpar.partition.dataflow import CAUSES, Dataflow
-from tfpar.partition.tiling import Cut, Tiling, matmul_cost
+from tfpar.partition import min_sum
+from tfpar.partition.tiling import RED, Cut, Tiling, matmul_cost
 
 
 def options(shape: Sequence[int], m: int) -> List[Optional[int]]:
@@ -33,82 +33,33 @@ def options(shape: Sequence[int], m: int) -> List[Optional[int]]:
     return [d for d, n in enumerate(shape) if n % m == 0 and n >= m] + [None]
 
 
-def _cost(df: Dataflow, mm, assign, m: int) -> float:
-    a, b, c = df.matrices[mm.a], df.matrices[mm.b], df.matrices[mm.out]
-    cost, _ = matmul_cost(assign[mm.a], assign[mm.b], assign[mm.out], a.size, b.size, c.size,
-                          m, mm.transpose_a, mm.transpose_b)
-    return cost
-
-
-def _order(df: Dataflow) -> List[int]:
-    """Matmul indices in BFS order over shared matrices (SoyBean's levels)."""
-    users: Dict[str, List[int]] = {}
-    for i, mm in enumerate(df.matmuls):
-        for x in (mm.a, mm.b, mm.out):
-            users.setdefault(x, []).append(i)
-    order, seen = [], set()
-    for root in range(len(df.matmuls)):
-        if root in seen:
-            continue
-        queue = [root]
-        seen.add(root)
-        while queue:
-            i = queue.pop(0)
-            order.append(i)
-            mm = df.matmuls[i]
-            for x in (mm.a, mm.b, mm.out):
-                for j in users[x]:
-                    if j not in seen:
-                        seen.add(j)
-                        queue.append(j)
-    return order
-
-
 def one_cut(df: Dataflow, m: int) -> Tuple[Dict[str, Optional[int]], float]:
     """The cheapest one-cut tiling of every matrix (dim or None) and its cost in elements."""
-    memo: Dict[Tuple, float] = {}
-
-    def cost(mm, assign):
-        key = (mm.name, assign[mm.a], assign[mm.b], assign[mm.out])
-        if key not in memo:
-            memo[key] = _cost(df, mm, assign, m)
-        return memo[key]
-
-    return _min_sum(df, lambda x: options(df.matrices[x].shape, m), cost)
+    tilings, cost = solve(df, (m,))
+    return {x: t.cuts[0].dim for x, t in tilings.items()}, cost
 
 
-def joint_k_cuts(df: Dataflow, order: Sequence[int]) -> Tuple[Dict[str, Tiling], float]:
-    """The cheapest k-cut tilings over all cuts at once (exact, unlike the recursion):
-    the same DP with a whole k-cut tiling per matrix. Its state space grows as 3^k per
-    matrix, so `plan_tiling` uses it only while that stays small."""
-    def tilings_of(x):
-        out = [Tiling()]
-        for m in order:
-            out = [t.then(Cut(d, m)) for t in out
-                   for d in options(t.tile_shape(df.matrices[x].shape), m)]
-        return out
+def tilings_of(shape: Sequence[int], order: Sequence[int]) -> List[Tiling]:
+    """Every k-cut tiling of a tensor for cuts into `order` parts (outermost first)."""
+    out = [Tiling()]
+    for m in order:
+        out = [t.then(Cut(d, m)) for t in out for d in options(t.tile_shape(shape), m)]
+    return out
 
-    cache: Dict[Tuple, float] = {}
 
-    def cost(mm, assign):
-        key = (mm.name, assign[mm.a], assign[mm.b], assign[mm.out])
-        if key not in cache:
-            total, weight = 0.0, 1
-            for level, m in enumerate(order):
-                ta, tb, tc = (assign[x] for x in (mm.a, mm.b, mm.out))
-                sizes = [_tile_size(df.matrices[x].shape, assign[x], level)
-                         for x in (mm.a, mm.b, mm.out)]
-                c, _ = matmul_cost(ta.cuts[level].dim, tb.cuts[level].dim,
-                                   tc.cuts[level].dim, *sizes, m, mm.transpose_a,
-                                   mm.transpose_b)
-                total += weight * c
-                weight *= m
-            cache[key] = total
-        return cache[key]
-
-    assignment, total = _min_sum(df, tilings_of, cost)
-    return {x: assignment.get(x) or Tiling(tuple(Cut(None, m) for m in order))
-            for x in df.matrices}, total
+def matmul_k_cut_cost(df: Dataflow, mm, tilings: Dict[str, Tiling]) -> float:
+    """Elements one matmul moves under k-cut tilings: sum over cuts of the cut's cost on
+    the tiles left by the cuts before it, times the number of those tiles (Theorem 1)."""
+    total, weight = 0.0, 1
+    cuts = tilings[mm.a].cuts
+    for level, cut in enumerate(cuts):
+        ts = [tilings[x] for x in (mm.a, mm.b, mm.out)]
+        sizes = [_tile_size(df.matrices[x].shape, t, level) for x, t in zip((mm.a, mm.b, mm.out), ts)]
+        c, _ = matmul_cost(*(t.cuts[level].dim for t in ts), *sizes, cut.parts,
+                           mm.transpose_a, mm.transpose_b)
+        total += weight * c
+        weight *= cut.parts
+    return total
 
 
 def _tile_size(shape, tiling: Tiling, level: int) -> float:
@@ -118,78 +69,79 @@ def _tile_size(shape, tiling: Tiling, level: int) -> float:
     return size
 
 
-def _min_sum(df: Dataflow, options_of, cost_of_mm) -> Tuple[Dict[str, object], float]:
-    """min over assignments of the sum of per-matmul costs, by a frontier DP in BFS order."""
+JOINT_BUDGET = 2e7  # entries of the largest table the exact joint search may form
+
+
+def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf")
+          ) -> Tuple[Dict[str, Tiling], float]:
+    """The cheapest k-cut tilings over all cuts at once, exactly (min-plus variable
+    elimination over per-matmul cost tables; `tfpar.partition.min_sum`).
+
+    Every matrix ranges over its whole k-cut tilings (up to 3^k), so for many cuts the
+    tables outgrow `budget` and this raises `TooLarge`: `plan_tiling` then falls back to
+    SoyBean's recursion, one exact cut at a time."""
     if not df.matmuls:
         raise TfparError("the graph has no matmuls: there is nothing for the tiling planner "
                          "to split")
-    order = _order(df)
-    last_use: Dict[str, int] = {}
-    for pos, i in enumerate(order):
-        mm = df.matmuls[i]
-        for x in (mm.a, mm.b, mm.out):
-            last_use[x] = pos
-    opts = {x: options_of(x) for x in last_use}
-    # state: tuple of (matrix, tiling) for live matrices -> (cost, decided assignment)
-    states: Dict[Tuple, Tuple[float, Tuple]] = {(): (0.0, ())}
-    for pos, i in enumerate(order):
-        mm = df.matmuls[i]
-        new_states: Dict[Tuple, Tuple[float, Tuple]] = {}
-        for live, (cost, decided) in states.items():
-            known = dict(live)
-            fresh = [x for x in dict.fromkeys((mm.a, mm.b, mm.out)) if x not in known]
-            for choice in itertools.product(*(opts[x] for x in fresh)):
-                assign = {**known, **dict(zip(fresh, choice))}
-                total = cost + cost_of_mm(mm, assign)
-                keep = tuple(sorted(((x, t) for x, t in assign.items() if last_use[x] > pos),
-                                    key=lambda kv: kv[0]))
-                done = decided + tuple((x, t) for x, t in assign.items()
-                                       if last_use[x] == pos)
-                if keep not in new_states or total < new_states[keep][0]:
-                    new_states[keep] = (total, done)
-        states = new_states
-    cost, decided = min(states.values(), key=lambda st: st[0])
-    assignment = dict(decided)
-    for x in df.matrices:  # matrices no matmul uses: anything is free
-        assignment.setdefault(x, None)
-    return assignment, cost
+    used = list(dict.fromkeys(x for mm in df.matmuls for x in (mm.a, mm.b, mm.out)))
+    by_shape: Dict[Tuple[int, ...], List[Tiling]] = {}
+    for shape in {df.matrices[x].shape for x in used}:
+        by_shape[shape] = tilings_of(shape, order)
+    domains = {x: by_shape[df.matrices[x].shape] for x in used}
+    sizes = {x: len(d) for x, d in domains.items()}
+    scopes = [list(dict.fromkeys((mm.a, mm.b, mm.out))) for mm in df.matmuls]
+    elimination, _ = min_sum.elimination_order(sizes, scopes, budget)  # before any table
+    factors = [_cost_table(df, mm, domains, order) for mm in df.matmuls]
+    index, total = min_sum.minimise(sizes, factors, elimination)
+    replicate = Tiling(tuple(Cut(None, m) for m in order))
+    tilings = {x: domains[x][index[x]] if x in domains else replicate for x in df.matrices}
+    return tilings, total
 
 
-def exhaustive_one_cut(df: Dataflow, m: int) -> float:
-    """The least one-cut cost over every assignment (for tests). The sum over matmuls is
-    built as one array with an axis per matrix, so 3^13 assignments take a second."""
+def _cost_table(df: Dataflow, mm, domains: Dict[str, List[Tiling]], order: Sequence[int]):
+    """matmul_k_cut_cost for every combination of its operands' tilings, as one array."""
     import numpy as np
-    names = sorted({x for mm in df.matmuls for x in (mm.a, mm.b, mm.out)})
-    axis = {x: i for i, x in enumerate(names)}
-    opts = {x: options(df.matrices[x].shape, m) for x in names}
-    total = np.zeros([len(opts[x]) for x in names])
-    for mm in df.matmuls:
-        used = list(dict.fromkeys((mm.a, mm.b, mm.out)))
-        table = np.zeros([len(opts[x]) for x in used])
-        for idx in itertools.product(*(range(len(opts[x])) for x in used)):
-            assign = {x: opts[x][i] for x, i in zip(used, idx)}
-            table[idx] = _cost(df, mm, assign, m)
-        order = sorted(range(len(used)), key=lambda j: axis[used[j]])
-        table = table.transpose(order)
-        shape = [1] * len(names)
-        for j in order:
-            shape[axis[used[j]]] = len(opts[used[j]])
-        total = total + table.reshape(shape)
-    return float(total.min())
+    names = (mm.a, mm.b, mm.out)
+    table = np.zeros([len(domains[x]) for x in names])
+    weight = 1
+    for level, m in enumerate(order):
+        dims, sizes = [], []
+        for x, transposed in zip(names, (mm.transpose_a, mm.transpose_b, False)):
+            d = np.array([-1 if t.cuts[level].dim is None else t.cuts[level].dim
+                          for t in domains[x]])
+            dims.append(np.where(d >= 0, d ^ 1, d) if transposed else d)  # as the product uses it
+            sizes.append(np.array([_tile_size(df.matrices[x].shape, t, level)
+                                   for t in domains[x]]))
+        (da, db, dc), (sa, sb, sc) = dims, sizes
+
+        def to(d, s, want):  # operand conversion to the form's tiling (want -1: replicate)
+            if want == -1:
+                return np.where(d == -1, 0.0, s * (m - 1))
+            return np.where((d == -1) | (d == want), 0.0, s * (1 - 1 / m))
+
+        def out_from(state):  # the product's tiling (RED: partial sums) to the stored one
+            if state == RED:
+                return sc * (m - 1) * np.where(dc == -1, 2, 1)
+            return np.where(dc == state, 0.0, np.where(dc == -1, sc * (m - 1), sc * (1 - 1 / m)))
+
+        forms = [to(da, sa, fa)[:, None, None] + to(db, sb, fb)[None, :, None]
+                 + out_from(fc)[None, None, :]
+                 for fa, fb, fc in ((0, -1, 0), (-1, 1, 1), (1, 0, RED))]
+        table += weight * np.minimum(np.minimum(forms[0], forms[1]), forms[2])
+        weight *= m
+    distinct = list(dict.fromkeys(names))
+    if len(distinct) < 3:  # x^T x and the like: the diagonal over a repeated matrix
+        letters = {x: chr(ord("i") + k) for k, x in enumerate(distinct)}
+        table = np.einsum("".join(letters[x] for x in names) + "->"
+                          + "".join(letters[x] for x in distinct), table)
+    return tuple(distinct), np.ascontiguousarray(table)
 
 
 def cost_of(df: Dataflow, tilings: Dict[str, Tiling], itemsize: int = 4) -> Dict[str, float]:
     """Bytes per step of given k-cut tilings, by cause (Theorem 1's weighting)."""
     out = {c: 0.0 for c in CAUSES}
-    cuts = len(next(iter(tilings.values())).cuts)
-    weight = 1
-    for level in range(cuts):
-        m = next(iter(tilings.values())).cuts[level].parts
-        assign = {x: t.cuts[level].dim for x, t in tilings.items()}
-        for mm in df.matmuls:
-            out[mm.cause] += weight * _cost(df, mm, assign, m) * itemsize
-        df = df.scaled({x: t.cuts[level] for x, t in tilings.items()})
-        weight *= m
+    for mm in df.matmuls:
+        out[mm.cause] += matmul_k_cut_cost(df, mm, tilings) * itemsize
     return out
 
 
@@ -292,13 +244,9 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
     """
     if not isinstance(devices, int) or devices < 1:
         raise TfparError(f"the number of devices must be a positive int, got {devices!r}")
-    largest = max((d for m in df.matrices.values() for d in m.shape), default=0)
     if not df.matmuls:
         raise TfparError("the graph has no matmuls: there is nothing for the tiling planner "
                          "to split")
-    if devices > largest:
-        raise TfparError(f"{devices} devices cannot split any tensor of this graph: its "
-                         f"largest dimension is {largest}")
     if hierarchy:
         prod = 1
         for parts, _ in hierarchy:
@@ -308,10 +256,20 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         orders = [tuple(p for parts, _ in hierarchy for p in factorizations(parts)[0])]
     else:
         orders = factorizations(devices)
+    shapes = {m.shape for m in df.matrices.values()}
+    if not any(_divides(shape, order) for shape in shapes for order in orders):
+        largest = max(shapes, key=lambda s: _size(s))
+        raise TfparError(f"{devices} devices are more than this graph can use: no tensor "
+                         f"divides into {devices} equal tiles (the largest is "
+                         f"{'x'.join(map(str, largest))}); plan for fewer devices")
     best = None
     for order in orders:
-        exact = _joint_is_small(df, order)
-        tilings, total = joint_k_cuts(df, order) if exact else _k_cuts(df, order)
+        try:
+            tilings, total = solve(df, order, JOINT_BUDGET)
+            exact = True
+        except min_sum.TooLarge:
+            tilings, total = _k_cuts(df, order)
+            exact = False
         if best is None or total < best[1]:
             best = (tilings, total, order, exact)
     tilings, _, order, exact = best
@@ -342,14 +300,19 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         search=search, **times)
 
 
-JOINT_LIMIT = 9  # k-cut tilings per matrix up to which the exact joint DP runs
+def _divides(shape: Sequence[int], order: Sequence[int]) -> bool:
+    """Whether cuts into `order` parts can split `shape` into equal tiles, none replicated."""
+    if not order:
+        return True
+    return any(_divides(shape[:d] + (n // order[0],) + shape[d + 1:], order[1:])
+               for d, n in enumerate(shape) if n % order[0] == 0)
 
 
-def _joint_is_small(df: Dataflow, order: Sequence[int]) -> bool:
+def _size(shape: Sequence[int]) -> int:
     n = 1
-    for _ in order:
-        n *= 3
-    return n <= JOINT_LIMIT
+    for d in shape:
+        n *= d
+    return n
 
 
 def _total(df, tilings, itemsize) -> float:
