@@ -147,10 +147,18 @@ def test_the_recursion_is_not_always_optimal_and_joint_never_worse():
     for df in _chains():
         for order in ((2, 2), (2, 2, 2)):
             _, joint = solve(df, order)
-            _, greedy = _k_cuts(df, order)
+            _, greedy, _ = _k_cuts(df, order)
             assert joint <= greedy + 1e-9
             greedy_worse += greedy > joint + 1e-9
     assert greedy_worse >= 3
+    # Beyond the joint search's budget (16 and 64 devices): blocks of cuts solved jointly,
+    # kept only when they beat the plain recursion.
+    for df, n in ((SOYBEAN_MLP, 16), (mlp(64, [256] * 4), 64)):
+        plan = plan_tiling(df, n)
+        _, greedy, _ = _k_cuts(df, plan.cuts)
+        assert plan.total_bytes <= greedy * 4 + 1e-6
+        assert plan.search.startswith("recursion over blocks of cuts"), plan.search
+        assert plan.total_bytes < greedy * 4
 
 
 def test_vectorised_cost_tables_equal_the_scalar_rule():

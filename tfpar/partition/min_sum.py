@@ -26,10 +26,12 @@ class TooLarge(Exception):
 
 
 def elimination_order(domains: Dict[Hashable, int], scopes: Sequence[Sequence[Hashable]],
-                      budget: float = float("inf")) -> Tuple[List[Hashable], int]:
+                      budget: float = float("inf"), work: float = float("inf")
+                      ) -> Tuple[List[Hashable], int]:
     """A greedy elimination order (smallest combined table first) and its largest table.
 
-    Raises TooLarge as soon as the cheapest next step exceeds `budget` entries."""
+    Raises TooLarge as soon as the cheapest next step exceeds `budget` entries, or all
+    the tables formed so far exceed `work` entries in total."""
     scope_sets: Dict[int, frozenset] = {i: frozenset(s) for i, s in enumerate(scopes)}
     of_var: Dict[Hashable, set] = {v: set() for v in domains}
     for i, s in scope_sets.items():
@@ -47,13 +49,15 @@ def elimination_order(domains: Dict[Hashable, int], scopes: Sequence[Sequence[Ha
     heap = [(size(v), repr(v), 0, v) for v in domains]
     heapq.heapify(heap)
     order: List[Hashable] = []
-    largest, next_id = 0, len(scope_sets)
+    largest, formed, next_id = 0, 0, len(scope_sets)
     while heap:
         n, _, ver, v = heapq.heappop(heap)
         if v not in version or ver != version[v]:
             continue  # stale entry
-        if n > budget:
-            raise TooLarge(f"eliminating {v!r} forms a table of {n} entries")
+        formed += n
+        if n > budget or formed > work:
+            raise TooLarge(f"eliminating {v!r} forms a table of {n} entries "
+                           f"({formed} in all)")
         largest = max(largest, n)
         union = frozenset().union(*(scope_sets[i] for i in of_var[v]))
         for i in of_var[v]:

@@ -9,7 +9,8 @@
   tile graph, total c = delta_outer + m_outer * c_inner (Theorem 1, generalised to cuts
   into m parts). It is not always optimal (a 2-layer chain on 4 devices: 192 elements
   greedy, 168 joint), so `plan_tiling` solves jointly whenever the tables fit
-  (`JOINT_BUDGET`: 8 devices on layer chains) and recurses only beyond.
+  (`JOINT_BUDGET`, `JOINT_WORK`: 8 devices on layer chains), and beyond that keeps the
+  cheaper of the recursion and a recursion over blocks of cuts each solved jointly.
 - `plan_tiling`: any device count, factored into cuts (6 = 2 x 3). With a hierarchy
   (hosts x devices), the cuts are ordered to put the first cut, which carries the least
   weighted traffic (Theorem 3), on the slowest links; without one, every order of the
@@ -69,11 +70,15 @@ def _tile_size(shape, tiling: Tiling, level: int) -> float:
     return size
 
 
-JOINT_BUDGET = 2e7  # entries of the largest table the exact joint search may form
+# What the exact joint search may do before the planner falls back to recursion: the
+# largest table it forms (memory: 2e7 float64 = 160 MB) and all tables together (time:
+# about a second).
+JOINT_BUDGET = 2e7
+JOINT_WORK = 1e8
 
 
-def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf")
-          ) -> Tuple[Dict[str, Tiling], float]:
+def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf"),
+          work: float = float("inf")) -> Tuple[Dict[str, Tiling], float]:
     """The cheapest k-cut tilings over all cuts at once, exactly (min-plus variable
     elimination over per-matmul cost tables; `tfpar.partition.min_sum`).
 
@@ -90,7 +95,7 @@ def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf")
     domains = {x: by_shape[df.matrices[x].shape] for x in used}
     sizes = {x: len(d) for x, d in domains.items()}
     scopes = [list(dict.fromkeys((mm.a, mm.b, mm.out))) for mm in df.matmuls]
-    elimination, _ = min_sum.elimination_order(sizes, scopes, budget)  # before any table
+    elimination, _ = min_sum.elimination_order(sizes, scopes, budget, work)  # before tables
     factors = [_cost_table(df, mm, domains, order) for mm in df.matmuls]
     index, total = min_sum.minimise(sizes, factors, elimination)
     replicate = Tiling(tuple(Cut(None, m) for m in order))
@@ -264,18 +269,11 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
                          f"{'x'.join(map(str, largest))}); plan for fewer devices")
     best = None
     for order in orders:
-        try:
-            tilings, total = solve(df, order, JOINT_BUDGET)
-            exact = True
-        except min_sum.TooLarge:
-            tilings, total = _k_cuts(df, order)
-            exact = False
-        if best is None or total < best[1]:
-            best = (tilings, total, order, exact)
-    tilings, _, order, exact = best
+        found = _search(df, order)
+        if best is None or found[1] < best[1]:
+            best = (*found, order)
+    tilings, _, search, order = best
     times = {}
-    search = ("exact (joint over all cuts)" if exact or not order
-              else "SoyBean recursion (best cut, then recurse)")
     if machine is not None:
         from tfpar.partition.simulate import Simulator, mcmc
         if machine.devices != devices:
@@ -283,7 +281,7 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         order = tuple(p for p, _, _ in machine.cuts)
         dp, mp = canonical(df, DATA_PARALLEL, order), canonical(df, MODEL_PARALLEL, order)
         if tuple(c.parts for c in next(iter(tilings.values())).cuts) != order:
-            tilings, _ = _k_cuts(df, order)
+            tilings, _, _ = _search(df, order)
         tilings, step = mcmc(df, machine, [dp, tilings], iterations)
         sim = Simulator(df, machine, itemsize)
         times = dict(step_time_s=step, data_parallel_time_s=sim.simulate(dp),
@@ -321,18 +319,53 @@ def _total(df, tilings, itemsize) -> float:
     return sum(cost_of(df, tilings, itemsize).values())
 
 
-def _k_cuts(df: Dataflow, order: Sequence[int]) -> Tuple[Dict[str, Tiling], float]:
-    """Algorithm 1: best one cut, then recurse on the tile graph; c = delta + m * c'."""
+EXACT = "exact (joint over all cuts)"
+RECURSION = "SoyBean recursion (best cut, then recurse)"
+
+
+def _search(df: Dataflow, order: Sequence[int]) -> Tuple[Dict[str, Tiling], float, str]:
+    """The tilings for cuts `order`, their cost and how they were found: exactly when the
+    joint tables fit the budgets; else the cheaper of SoyBean's recursion one cut at a
+    time and the recursion over blocks of cuts solved jointly (neither dominates)."""
+    if not order:
+        return {x: Tiling() for x in df.matrices}, 0.0, EXACT
+    try:
+        return (*solve(df, order, JOINT_BUDGET, JOINT_WORK), EXACT)
+    except min_sum.TooLarge:
+        pass
+    tilings, total, _ = _k_cuts(df, order, joint=False)
+    found = (tilings, total, RECURSION)
+    tilings, total, blocks = _k_cuts(df, order, joint=True)
+    if max(blocks) > 1 and total < found[1]:
+        found = (tilings, total, "recursion over blocks of cuts, each block exact ("
+                 + " + ".join(map(str, blocks)) + " cuts)")
+    return found
+
+
+def _k_cuts(df: Dataflow, order: Sequence[int], joint: bool = False
+            ) -> Tuple[Dict[str, Tiling], float, List[int]]:
+    """Algorithm 1: the best next cut, then recurse on the tile graph; c = delta + m * c'.
+    joint: take as many next cuts at once as the joint search's budgets allow (exact
+    within the block). Returns the tilings, their cost, and the cuts per block."""
     tilings = {x: Tiling() for x in df.matrices}
-    total, weight = 0.0, 1
-    for m in order:
-        assign, delta = one_cut(df, m)
+    total, weight, i, blocks = 0.0, 1, 0, []
+    while i < len(order):
+        for size in range(len(order) - i if joint else 1, 0, -1):
+            try:
+                block, delta = solve(df, order[i:i + size],
+                                     *((JOINT_BUDGET, JOINT_WORK) if size > 1 else ()))
+                break
+            except min_sum.TooLarge:
+                continue
         total += weight * delta
-        cut = {x: Cut(assign[x], m) for x in df.matrices}
-        tilings = {x: tilings[x].then(cut[x]) for x in df.matrices}
-        df = df.scaled(cut)
-        weight *= m
-    return tilings, total
+        for level in range(size):
+            cut = {x: block[x].cuts[level] for x in df.matrices}
+            tilings = {x: tilings[x].then(cut[x]) for x in df.matrices}
+            df = df.scaled(cut)
+            weight *= order[i + level]
+        i += size
+        blocks.append(size)
+    return tilings, total, blocks
 
 
 def section22_bytes(df: Dataflow, groups: int, per_group: int, itemsize: int = 4) -> float:
