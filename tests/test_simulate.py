@@ -5,9 +5,9 @@ import random
 import pytest
 
 from tfpar.partition.dataflow import mlp
-from tfpar.partition.simulate import Machine, Simulator, mcmc, strategies
-from tfpar.partition.tiling import Cut, Tiling
-from tfpar.partition.tiling_planner import DATA_PARALLEL, canonical, plan_tiling
+from tfpar.partition.simulate import Machine, Simulator, mcmc
+from tfpar.partition.tiling import Tiling
+from tfpar.partition.tiling_planner import DATA_PARALLEL, canonical, plan_tiling, tilings_of
 
 MACHINE4 = Machine(flops=5e9, cuts=((2, 1e9, 2e-5), (2, 10e9, 5e-6)))
 
@@ -17,7 +17,7 @@ def test_delta_simulation_equals_full_simulation_on_random_changes():
     for df in (mlp(64, [128, 256, 64]), mlp(32, [64] * 5)):
         parts = [p for p, _, _ in MACHINE4.cuts]
         names = sorted(df.matrices)
-        choices = {x: strategies(df, parts, x) for x in names}
+        choices = {x: tilings_of(df.matrices[x].shape, parts) for x in names}
         delta, full = Simulator(df, MACHINE4), Simulator(df, MACHINE4)
         delta.simulate({x: rng.choice(choices[x]) for x in names})
         for _ in range(200):
@@ -41,8 +41,8 @@ def test_mcmc_finds_the_exhaustive_optimum_on_small_graphs():
         parts = [p for p, _, _ in machine.cuts]
         names = sorted({x for mm in df.matmuls for x in (mm.a, mm.b, mm.out)})
         sim = Simulator(df, machine)
-        exhaustive = min(sim.simulate(dict(zip(names, combo))) for combo in
-                         itertools.product(*(strategies(df, parts, x) for x in names)))
+        every = itertools.product(*(tilings_of(df.matrices[x].shape, parts) for x in names))
+        exhaustive = min(sim.simulate(dict(zip(names, combo))) for combo in every)
         comm_optimal = {x: Tiling.parse(t) for x, t in
                         plan_tiling(df, machine.devices).tilings.items()}
         seeds = [canonical(df, DATA_PARALLEL, parts), comm_optimal]
@@ -55,6 +55,9 @@ def test_time_mode_plan_is_no_slower_than_its_seeds():
     plan = plan_tiling(df, 4, machine=MACHINE4, iterations=1000)
     assert plan.search.startswith("time mode")
     assert plan.step_time_s <= plan.data_parallel_time_s + 1e-12
+    busy = plan.time_by_cause
+    assert set(busy) == {"forward", "backward_data", "backward_weight", "compute"}
+    assert busy["compute"] > 0 and plan.step_time_s >= busy["compute"] - 1e-15
     comm = plan_tiling(df, 4)
     sim = Simulator(df, MACHINE4)
     assert plan.step_time_s <= sim.simulate({x: Tiling.parse(t) for x, t in

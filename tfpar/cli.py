@@ -89,7 +89,13 @@ def main(argv=None):
                       "step time (compute + alpha-beta links) and search it with MCMC")
     plan.add_argument("--tflops", type=float, default=10.0, help="per device, for --time")
     plan.add_argument("--link-gbps", type=float, default=10.0,
-                      help="link bandwidth in GB/s, for --time")
+                      help="link bandwidth in GB/s (inside a host with --hosts), for --time "
+                      "and --hosts")
+    plan.add_argument("--hosts", type=int, help="--tiling on this many hosts of equal "
+                      "devices: cuts are placed on links by bandwidth (--host-gbps between "
+                      "hosts, --link-gbps inside)")
+    plan.add_argument("--host-gbps", type=float, default=1.25,
+                      help="bandwidth between hosts in GB/s, with --hosts")
     plan.add_argument("--latency-us", type=float, default=10.0,
                       help="per-message latency in microseconds, for --time")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -119,17 +125,25 @@ def main(argv=None):
             source = graph if isinstance(graph, tf.Graph) else copy_graph(graph)
             devices = (args.devices if args.devices is not None
                        else parse_resources(args.resources).num_workers)
+            if devices < 1:
+                raise TfparError(f"the number of devices must be a positive int, got "
+                                 f"{devices}")
+            levels = [(devices, args.link_gbps)]
+            if args.hosts is not None:
+                if args.hosts < 1 or devices % args.hosts:
+                    raise TfparError(f"--hosts {args.hosts} does not divide {devices} devices "
+                                     "into equal hosts")
+                levels = [(args.hosts, args.host_gbps), (devices // args.hosts, args.link_gbps)]
+                levels = [(n, bw) for n, bw in levels if n > 1] or levels[-1:]
             machine = None
             if args.time:
                 from tfpar.partition.simulate import Machine
                 from tfpar.partition.tiling_planner import factorizations
-                if devices < 1:
-                    raise TfparError(f"the number of devices must be a positive int, got "
-                                     f"{devices}")
                 machine = Machine(args.tflops * 1e12, tuple(
-                    (p, args.link_gbps * 1e9, args.latency_us * 1e-6)
-                    for p in factorizations(devices)[0]))
+                    (p, bw * 1e9, args.latency_us * 1e-6)
+                    for n, bw in levels for p in factorizations(n)[0]))
             tiling = plan_tiling(extract(source, analysis, args.batch, scope), devices,
+                                 hierarchy=levels if args.hosts is not None else None,
                                  machine=machine)
             print(tiling.to_json() if args.json else tiling.table())
             return 0

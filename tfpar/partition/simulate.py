@@ -22,9 +22,9 @@ import math
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tfpar.partition.dataflow import Dataflow
-from tfpar.partition.tiling import Cut, Tiling, matmul_cost
-from tfpar.partition.tiling_planner import options
+from tfpar.partition.dataflow import CAUSES, Dataflow
+from tfpar.partition.tiling import Tiling, matmul_cost
+from tfpar.partition.tiling_planner import tilings_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,18 +118,18 @@ class Simulator:
             device_free = comp_end
             self._finish.append((comm_end, comp_end, link_free))
 
+    def busy_by_cause(self) -> Dict[str, float]:
+        """Of the last simulation: seconds of transfers per cause (forward, backward_data,
+        backward_weight) and seconds of compute per device ("compute")."""
+        out = {c: 0.0 for c in CAUSES}
+        for pos, comm in enumerate(self._comm):
+            out[self.df.matmuls[self.order[pos]].cause] += comm
+        out["compute"] = sum(self._comp)
+        return out
+
     @property
     def step_time(self) -> float:
         return max((f[1] for f in self._finish), default=0.0)
-
-
-def strategies(df: Dataflow, parts: Sequence[int], matrix: str) -> List[Tiling]:
-    """Every k-cut tiling of one matrix for cuts of `parts`."""
-    out = [Tiling()]
-    for m in parts:
-        out = [t.then(Cut(d, m)) for t in out
-               for d in options(t.tile_shape(df.matrices[matrix].shape), m)]
-    return out
 
 
 def mcmc(df: Dataflow, machine: Machine, seeds: Sequence[Dict[str, Tiling]],
@@ -138,7 +138,7 @@ def mcmc(df: Dataflow, machine: Machine, seeds: Sequence[Dict[str, Tiling]],
     """Metropolis-Hastings over strategies from each seed; the best strategy seen."""
     parts = [p for p, _, _ in machine.cuts]
     names = sorted({x for mm in df.matmuls for x in (mm.a, mm.b, mm.out)})
-    choices = {x: strategies(df, parts, x) for x in names}
+    choices = {x: tilings_of(df.matrices[x].shape, parts) for x in names}
     rng = random.Random(seed)
     sim = Simulator(df, machine)
     best, best_time = None, math.inf

@@ -51,23 +51,25 @@ def tilings_of(shape: Sequence[int], order: Sequence[int]) -> List[Tiling]:
 def matmul_k_cut_cost(df: Dataflow, mm, tilings: Dict[str, Tiling]) -> float:
     """Elements one matmul moves under k-cut tilings: sum over cuts of the cut's cost on
     the tiles left by the cuts before it, times the number of those tiles (Theorem 1)."""
-    total, weight = 0.0, 1
-    cuts = tilings[mm.a].cuts
-    for level, cut in enumerate(cuts):
-        ts = [tilings[x] for x in (mm.a, mm.b, mm.out)]
-        sizes = [_tile_size(df.matrices[x].shape, t, level) for x, t in zip((mm.a, mm.b, mm.out), ts)]
+    return sum(matmul_cut_costs(df, mm, tilings))
+
+
+def matmul_cut_costs(df: Dataflow, mm, tilings: Dict[str, Tiling]) -> List[float]:
+    """The terms of `matmul_k_cut_cost`, one per cut: the elements that cross each cut."""
+    out, weight = [], 1
+    names = (mm.a, mm.b, mm.out)
+    for level, cut in enumerate(tilings[mm.a].cuts):
+        ts = [tilings[x] for x in names]
+        sizes = [_tile_size(df.matrices[x].shape, t, level) for x, t in zip(names, ts)]
         c, _ = matmul_cost(*(t.cuts[level].dim for t in ts), *sizes, cut.parts,
                            mm.transpose_a, mm.transpose_b)
-        total += weight * c
+        out.append(weight * c)
         weight *= cut.parts
-    return total
+    return out
 
 
 def _tile_size(shape, tiling: Tiling, level: int) -> float:
-    size = 1.0
-    for d in Tiling(tiling.cuts[:level]).tile_shape(shape):
-        size *= d
-    return size
+    return float(_size(Tiling(tiling.cuts[:level]).tile_shape(shape)))
 
 
 # What the exact joint search may do before the planner falls back to recursion: the
@@ -78,13 +80,17 @@ JOINT_WORK = 1e8
 
 
 def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf"),
-          work: float = float("inf")) -> Tuple[Dict[str, Tiling], float]:
+          work: float = float("inf"), link_costs: Optional[Sequence[float]] = None
+          ) -> Tuple[Dict[str, Tiling], float]:
     """The cheapest k-cut tilings over all cuts at once, exactly (min-plus variable
     elimination over per-matmul cost tables; `tfpar.partition.min_sum`).
 
     Every matrix ranges over its whole k-cut tilings (up to 3^k), so for many cuts the
     tables outgrow `budget` and this raises `TooLarge`: `plan_tiling` then falls back to
-    SoyBean's recursion, one exact cut at a time."""
+    SoyBean's recursion, one exact cut at a time.
+
+    link_costs: a factor per cut on its elements (e.g. 1 / bandwidth of the cut's links),
+    so the search minimises transfer time on a hierarchy rather than elements."""
     if not df.matmuls:
         raise TfparError("the graph has no matmuls: there is nothing for the tiling planner "
                          "to split")
@@ -96,14 +102,15 @@ def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf"),
     sizes = {x: len(d) for x, d in domains.items()}
     scopes = [list(dict.fromkeys((mm.a, mm.b, mm.out))) for mm in df.matmuls]
     elimination, _ = min_sum.elimination_order(sizes, scopes, budget, work)  # before tables
-    factors = [_cost_table(df, mm, domains, order) for mm in df.matmuls]
+    factors = [_cost_table(df, mm, domains, order, link_costs) for mm in df.matmuls]
     index, total = min_sum.minimise(sizes, factors, elimination)
     replicate = Tiling(tuple(Cut(None, m) for m in order))
     tilings = {x: domains[x][index[x]] if x in domains else replicate for x in df.matrices}
     return tilings, total
 
 
-def _cost_table(df: Dataflow, mm, domains: Dict[str, List[Tiling]], order: Sequence[int]):
+def _cost_table(df: Dataflow, mm, domains: Dict[str, List[Tiling]], order: Sequence[int],
+                link_costs: Optional[Sequence[float]] = None):
     """matmul_k_cut_cost for every combination of its operands' tilings, as one array."""
     import numpy as np
     names = (mm.a, mm.b, mm.out)
@@ -132,7 +139,8 @@ def _cost_table(df: Dataflow, mm, domains: Dict[str, List[Tiling]], order: Seque
         forms = [to(da, sa, fa)[:, None, None] + to(db, sb, fb)[None, :, None]
                  + out_from(fc)[None, None, :]
                  for fa, fb, fc in ((0, -1, 0), (-1, 1, 1), (1, 0, RED))]
-        table += weight * np.minimum(np.minimum(forms[0], forms[1]), forms[2])
+        link = 1.0 if link_costs is None else link_costs[level]
+        table += weight * link * np.minimum(np.minimum(forms[0], forms[1]), forms[2])
         weight *= m
     distinct = list(dict.fromkeys(names))
     if len(distinct) < 3:  # x^T x and the like: the diagonal over a repeated matrix
@@ -147,6 +155,15 @@ def cost_of(df: Dataflow, tilings: Dict[str, Tiling], itemsize: int = 4) -> Dict
     out = {c: 0.0 for c in CAUSES}
     for mm in df.matmuls:
         out[mm.cause] += matmul_k_cut_cost(df, mm, tilings) * itemsize
+    return out
+
+
+def bytes_by_cut(df: Dataflow, tilings: Dict[str, Tiling], itemsize: int = 4) -> List[float]:
+    """Bytes per step crossing each cut's links, outermost cut first."""
+    out = [0.0] * len(next(iter(tilings.values())).cuts)
+    for mm in df.matmuls:
+        for level, c in enumerate(matmul_cut_costs(df, mm, tilings)):
+            out[level] += c * itemsize
     return out
 
 
@@ -175,12 +192,16 @@ class TilingPlan:
     bytes_by_cause: Dict[str, float]
     data_parallel_bytes: float
     model_parallel_bytes: float
-    hierarchy: Optional[Tuple[Tuple[int, float], ...]] = None  # (parts, link GB/s) per cut
+    bytes_by_cut: Tuple[float, ...] = ()  # bytes crossing each cut's links, outermost first
+    hierarchy: Optional[Tuple[Tuple[int, float], ...]] = None  # (parts, link GB/s) per level
+    cut_bandwidths: Optional[Tuple[float, ...]] = None  # with a hierarchy: each cut's links
     search: str = ""  # how the tilings were found
     # Time mode (a Machine was given): simulated step times, seconds.
     step_time_s: Optional[float] = None
     data_parallel_time_s: Optional[float] = None
     model_parallel_time_s: Optional[float] = None
+    # Time mode: seconds each cause keeps the links busy, and compute seconds per device.
+    time_by_cause: Optional[Dict[str, float]] = None
 
     @property
     def total_bytes(self) -> float:
@@ -201,6 +222,9 @@ class TilingPlan:
         d["shapes"] = {k: tuple(v) for k, v in d["shapes"].items()}
         if d.get("hierarchy"):
             d["hierarchy"] = tuple(tuple(h) for h in d["hierarchy"])
+        for key in ("bytes_by_cut", "cut_bandwidths"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
         return cls(**d)
 
     def table(self) -> str:
@@ -218,10 +242,18 @@ class TilingPlan:
                  + f"; total {self.total_bytes / mb:.3f} MB",
                  f"for comparison: data parallel {self.data_parallel_bytes / mb:.3f} MB, "
                  f"model parallel {self.model_parallel_bytes / mb:.3f} MB"]
+        if self.bytes_by_cut:
+            links = self.cut_bandwidths or (None,) * len(self.cuts)
+            lines.append("bytes across each cut: " + ", ".join(
+                f"cut {i + 1} ({p} parts{f', {bw:g} GB/s links' if bw else ''}) "
+                f"{b / mb:.3f} MB" for i, (p, bw, b) in enumerate(
+                    zip(self.cuts, links, self.bytes_by_cut))))
         if self.step_time_s is not None:
             lines.append(f"simulated step time: {self.step_time_s * 1e3:.3f} ms (data parallel "
                          f"{self.data_parallel_time_s * 1e3:.3f} ms, model parallel "
                          f"{self.model_parallel_time_s * 1e3:.3f} ms)")
+            lines.append("busy time: " + ", ".join(f"{c} {t * 1e3:.4g} ms"
+                                                    for c, t in self.time_by_cause.items()))
         return "\n".join(lines)
 
 
@@ -258,33 +290,49 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
             prod *= parts
         if prod != devices:
             raise TfparError(f"the hierarchy {list(hierarchy)} has {prod} devices, not {devices}")
-        orders = [tuple(p for parts, _ in hierarchy for p in factorizations(parts)[0])]
+        if any(not bw > 0 for _, bw in hierarchy):
+            raise TfparError(f"the hierarchy {list(hierarchy)} needs positive link bandwidths")
+        # Each prime cut of each level, with the time an element takes on that level's
+        # links relative to the fastest. Which cut crosses which links is a choice (a
+        # cut's groups can be the hosts or not), so every order is tried; the search
+        # then minimises transfer time, and Theorem 3's rule (the cut with the least
+        # traffic on the slowest links) comes out of it rather than being imposed.
+        fastest = max(bw for _, bw in hierarchy)
+        cuts = [(p, fastest / bw) for parts, bw in hierarchy for p in factorizations(parts)[0]]
+        arrangements = sorted(set(itertools.permutations(cuts)))
     else:
-        orders = factorizations(devices)
+        arrangements = [tuple((p, 1.0) for p in order) for order in factorizations(devices)]
     shapes = {m.shape for m in df.matrices.values()}
-    if not any(_divides(shape, order) for shape in shapes for order in orders):
+    if not any(_divides(shape, [p for p, _ in cuts]) for shape in shapes
+               for cuts in arrangements):
         largest = max(shapes, key=lambda s: _size(s))
         raise TfparError(f"{devices} devices are more than this graph can use: no tensor "
                          f"divides into {devices} equal tiles (the largest is "
                          f"{'x'.join(map(str, largest))}); plan for fewer devices")
     best = None
-    for order in orders:
-        found = _search(df, order)
+    for arrangement in arrangements:
+        order = tuple(p for p, _ in arrangement)
+        links = tuple(c for _, c in arrangement) if hierarchy else None
+        found = _search(df, order, links)
         if best is None or found[1] < best[1]:
-            best = (*found, order)
-    tilings, _, search, order = best
+            best = (*found, order, links)
+    tilings, _, search, order, links = best
     times = {}
     if machine is not None:
         from tfpar.partition.simulate import Simulator, mcmc
         if machine.devices != devices:
             raise TfparError(f"the machine has {machine.devices} devices, not {devices}")
         order = tuple(p for p, _, _ in machine.cuts)
+        links = tuple(bw for _, bw, _ in machine.cuts)
         dp, mp = canonical(df, DATA_PARALLEL, order), canonical(df, MODEL_PARALLEL, order)
-        if tuple(c.parts for c in next(iter(tilings.values())).cuts) != order:
-            tilings, _, _ = _search(df, order)
+        fastest = max(bw for _, bw, _ in machine.cuts)
+        tilings, _, _ = _search(df, order, [fastest / bw for _, bw, _ in machine.cuts])
         tilings, step = mcmc(df, machine, [dp, tilings], iterations)
         sim = Simulator(df, machine, itemsize)
-        times = dict(step_time_s=step, data_parallel_time_s=sim.simulate(dp),
+        sim.simulate(tilings)
+        busy = sim.busy_by_cause()
+        times = dict(step_time_s=step, time_by_cause=busy,
+                     data_parallel_time_s=sim.simulate(dp),
                      model_parallel_time_s=sim.simulate(mp))
         search = f"time mode: MCMC ({iterations} steps) from data parallel and the DP plan"
     return TilingPlan(
@@ -294,7 +342,11 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         bytes_by_cause=cost_of(df, tilings, itemsize) if order else {c: 0.0 for c in CAUSES},
         data_parallel_bytes=_total(df, canonical(df, DATA_PARALLEL, order), itemsize),
         model_parallel_bytes=_total(df, canonical(df, MODEL_PARALLEL, order), itemsize),
+        bytes_by_cut=tuple(bytes_by_cut(df, tilings, itemsize)) if order else (),
         hierarchy=tuple(tuple(h) for h in hierarchy) if hierarchy else None,
+        cut_bandwidths=(tuple(bw / 1e9 for bw in links) if machine is not None else
+                        tuple(max(bw for _, bw in hierarchy) / c for c in links)
+                        if hierarchy else None),
         search=search, **times)
 
 
@@ -323,26 +375,29 @@ EXACT = "exact (joint over all cuts)"
 RECURSION = "SoyBean recursion (best cut, then recurse)"
 
 
-def _search(df: Dataflow, order: Sequence[int]) -> Tuple[Dict[str, Tiling], float, str]:
+def _search(df: Dataflow, order: Sequence[int], link_costs: Optional[Sequence[float]] = None
+            ) -> Tuple[Dict[str, Tiling], float, str]:
     """The tilings for cuts `order`, their cost and how they were found: exactly when the
     joint tables fit the budgets; else the cheaper of SoyBean's recursion one cut at a
-    time and the recursion over blocks of cuts solved jointly (neither dominates)."""
+    time and the recursion over blocks of cuts solved jointly (neither dominates).
+    link_costs: per cut, a factor on its elements (1 / its links' relative bandwidth)."""
     if not order:
         return {x: Tiling() for x in df.matrices}, 0.0, EXACT
     try:
-        return (*solve(df, order, JOINT_BUDGET, JOINT_WORK), EXACT)
+        return (*solve(df, order, JOINT_BUDGET, JOINT_WORK, link_costs), EXACT)
     except min_sum.TooLarge:
         pass
-    tilings, total, _ = _k_cuts(df, order, joint=False)
+    tilings, total, _ = _k_cuts(df, order, False, link_costs)
     found = (tilings, total, RECURSION)
-    tilings, total, blocks = _k_cuts(df, order, joint=True)
+    tilings, total, blocks = _k_cuts(df, order, True, link_costs)
     if max(blocks) > 1 and total < found[1]:
         found = (tilings, total, "recursion over blocks of cuts, each block exact ("
                  + " + ".join(map(str, blocks)) + " cuts)")
     return found
 
 
-def _k_cuts(df: Dataflow, order: Sequence[int], joint: bool = False
+def _k_cuts(df: Dataflow, order: Sequence[int], joint: bool = False,
+            link_costs: Optional[Sequence[float]] = None
             ) -> Tuple[Dict[str, Tiling], float, List[int]]:
     """Algorithm 1: the best next cut, then recurse on the tile graph; c = delta + m * c'.
     joint: take as many next cuts at once as the joint search's budgets allow (exact
@@ -352,8 +407,9 @@ def _k_cuts(df: Dataflow, order: Sequence[int], joint: bool = False
     while i < len(order):
         for size in range(len(order) - i if joint else 1, 0, -1):
             try:
-                block, delta = solve(df, order[i:i + size],
-                                     *((JOINT_BUDGET, JOINT_WORK) if size > 1 else ()))
+                limits = (JOINT_BUDGET, JOINT_WORK) if size > 1 else (float("inf"),) * 2
+                links = None if link_costs is None else link_costs[i:i + size]
+                block, delta = solve(df, order[i:i + size], *limits, links)
                 break
             except min_sum.TooLarge:
                 continue
