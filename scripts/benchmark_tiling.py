@@ -35,6 +35,10 @@ def main():
     df = mlp(256, [1024] * 101)
     t, plan = timed(lambda: plan_tiling(df, 64))
     rows.append(("100-layer MLP, width 1024, batch 256", 64, df, t, plan))
+    biased = mlp(256, [1024] * 101, bias=True)
+    t, plan = timed(lambda: plan_tiling(biased, 64))
+    rows.append(("the same with biases (bias adds and bias gradients costed)", 64, biased, t,
+                 plan))
     for n in (8, 16):
         soybean = mlp(400, [300] * 6)
         t, plan = timed(lambda: plan_tiling(soybean, n))
@@ -47,18 +51,18 @@ def main():
     t, plan = timed(lambda: plan_tiling(extract(graph, analysis), 8))
     rows.append(("examples/lm.py graph (vocab 100,000), extraction included", 8,
                  extract(graph, analysis), t, plan))
-    lines = ["| graph | devices | matmuls | planning time (s) | search | planned MB | "
+    lines = ["| graph | devices | ops | planning time (s) | search | planned MB | "
              "SoyBean recursion MB | data parallel MB | model parallel MB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, n, flow, t, plan in rows:
         recursion = sum(cost_of(flow, _k_cuts(flow, plan.cuts)[0]).values())
-        lines.append(f"| {name} | {n} | {len(flow.matmuls)} | {t:.3f} | {plan.search} | "
+        lines.append(f"| {name} | {n} | {len(flow.ops)} | {t:.3f} | {plan.search} | "
                      f"{plan.total_bytes / 1e6:.2f} | {recursion / 1e6:.2f} | "
                      f"{plan.data_parallel_bytes / 1e6:.2f} | "
                      f"{plan.model_parallel_bytes / 1e6:.2f} |")
     table = "\n".join(lines)
     verdict = ("target (100-layer chain under 1 s): " +
-               ("met" if rows[0][3] < 1.0 else "not met"))
+               ("met" if max(rows[0][3], rows[1][3]) < 1.0 else "not met"))
     print(table)
     print(verdict)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d")

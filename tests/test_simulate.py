@@ -14,7 +14,7 @@ MACHINE4 = Machine(flops=5e9, cuts=((2, 1e9, 2e-5), (2, 10e9, 5e-6)))
 
 def test_delta_simulation_equals_full_simulation_on_random_changes():
     rng = random.Random(0)
-    for df in (mlp(64, [128, 256, 64]), mlp(32, [64] * 5)):
+    for df in (mlp(64, [128, 256, 64]), mlp(32, [64] * 5), mlp(32, [64] * 4, bias=True)):
         parts = [p for p, _, _ in MACHINE4.cuts]
         names = sorted(df.matrices)
         choices = {x: tilings_of(df.matrices[x].shape, parts) for x in names}

@@ -1,10 +1,12 @@
-"""The matmul dataflow of a real training graph, for the tiling planner.
+"""The dataflow of a real training graph, for the tiling planner.
 
 Every `MatMul` of the graph is kept: forward ones, and the two that `tf.gradients` makes
-for each (dX = dY W^T and dW = X^T dY). Tensors joined by element-wise ops of the same
-shape (bias adds, activations, their gradients, identities, variable reads) are one
-matrix, since SoyBean requires element-wise ops to keep a tiling; a weight's gradient is
-the weight's matrix (the update is element-wise too).
+for each (dX = dY W^T and dW = X^T dY). So are bias adds (a trained vector added over
+the batch rows: `BiasAdd`, or `Add` broadcasting) as `Broadcast`s, and bias gradients
+(`BiasAddGrad`, or `Sum` over the batch axis) as `Reduce`s. Tensors joined by
+element-wise ops of the same shape (activations, their gradients, identities, variable
+reads, a squeezing reshape) are one matrix, since SoyBean requires element-wise ops to
+keep a tiling; a weight's gradient is the weight's matrix (the update is element-wise).
 """
 from __future__ import annotations
 
@@ -42,8 +44,9 @@ def extract(graph: tf.Graph, analysis=None, batch: Optional[int] = None,
             t = parent[t]
         return t
 
-    def union(a: tf.Tensor, b: tf.Tensor):
-        if a.shape.rank == 2 and b.shape.rank == 2 and a.shape.is_compatible_with(b.shape):
+    def union(a: tf.Tensor, b: tf.Tensor, force: bool = False):
+        if force or (a.shape.rank in (1, 2) and a.shape.rank == b.shape.rank
+                     and a.shape.is_compatible_with(b.shape)):
             parent[find(a.name)] = find(b.name)
 
     for op in graph.get_operations():
@@ -54,6 +57,9 @@ def extract(graph: tf.Graph, analysis=None, batch: Optional[int] = None,
                 # activation are different matrices, so never join across the region.
                 if t.dtype != tf.resource and bool(region.search(t.op.name)) == side:
                     union(op.outputs[0], t)
+        if op.type in ("Reshape", "Squeeze") and _squeezed(op.inputs[0]) is not None \
+                and _squeezed(op.inputs[0]) == _squeezed(op.outputs[0]):
+            union(op.outputs[0], op.inputs[0], force=True)  # (1, n) -> (n,): one vector
     weights = {}
     if analysis is not None:
         for v in analysis.trained:
@@ -75,6 +81,8 @@ def extract(graph: tf.Graph, analysis=None, batch: Optional[int] = None,
         if root in names:
             return names[root]
         shape = [batch if d is None else d for d in t.shape.as_list()]
+        if len(shape) == 2 and 1 in shape and root in weights:  # a (1, n) view of a vector
+            shape = [d for d in shape if d != 1] or [1]
         if any(d is None for d in shape):
             raise TfparError(f"tensor {t.name} has an unknown dimension {t.shape}: give the "
                              "batch size (tfpar plan --batch B)")
@@ -96,4 +104,36 @@ def extract(graph: tf.Graph, analysis=None, batch: Optional[int] = None,
                  "backward_weight" if kind == "weight" else "backward_data")
         df.matmul(op.name, a, b, out, op.get_attr("transpose_a"), op.get_attr("transpose_b"),
                   cause)
+    for op in graph.get_operations():
+        in_region = bool(region.search(op.name))
+        if op.type in BROADCASTING and op.outputs[0].shape.rank == 2:
+            vectors = [t for t in op.inputs if t.shape.rank == 1 and find(t.name) in weights]
+            if len(vectors) == 1 and len(op.inputs) == 2:
+                vector = vectors[0]
+                dense = op.inputs[1] if op.inputs[0] is vector else op.inputs[0]
+                if dense.shape.rank == 2:
+                    df.broadcast(op.name, matrix(vector, in_region),
+                                 matrix(op.outputs[0], in_region), 0,
+                                 "backward_data" if in_region else "forward")
+        elif op.type in ("Sum", "BiasAddGrad") and op.inputs[0].shape.rank == 2:
+            if op.type == "Sum" and _constant(op.inputs[1]) not in ([0], 0):
+                continue
+            if find(op.outputs[0].name) in weights:
+                df.reduce(op.name, matrix(op.inputs[0], in_region),
+                          matrix(op.outputs[0], in_region), 0,
+                          "backward_weight" if in_region else "forward")
     return df
+
+
+BROADCASTING = frozenset({"BiasAdd", "Add", "AddV2", "Sub", "Mul"})
+
+
+def _squeezed(t: tf.Tensor):
+    dims = t.shape.as_list() if t.shape.rank is not None else None
+    return None if dims is None or None in dims else [d for d in dims if d != 1]
+
+
+def _constant(t: tf.Tensor):
+    if t.op.type != "Const":
+        return None
+    return tf.make_ndarray(t.op.get_attr("value")).tolist()

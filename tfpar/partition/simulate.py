@@ -1,12 +1,13 @@
 """Time-based planning (FlexFlow's idea): simulate a strategy's step time, search with MCMC.
 
-A strategy gives every matrix a k-cut tiling. Each matmul becomes two tasks, in the
-dataflow's topological order: a transfer (its tiling conversions: alpha per message plus
-bytes per device over the cut's link bandwidth, per cut) on the network, then the
-computation (2abc/N flops on each device) on the devices; a task starts when its inputs'
+A strategy gives every matrix a k-cut tiling. Each op (matmul, bias add, bias gradient)
+becomes two tasks, in the dataflow's topological order: a transfer (its tiling
+conversions: alpha per message plus bytes per device over the cut's link bandwidth, per
+cut) on the network, then the computation (2abc/N flops for a matmul, one per element
+otherwise, on each device) on the devices; a task starts when its inputs'
 producers have finished and its resource is free. The step time is the last finish.
 
-Delta simulation: changing one matrix's tiling changes only the matmuls that use it, so
+Delta simulation: changing one matrix's tiling changes only the ops that use it, so
 the schedule is recomputed from the first of those in the task order; everything before
 it is reused. It equals a full simulation (a test checks random changes).
 
@@ -23,8 +24,8 @@ import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tfpar.partition.dataflow import CAUSES, Dataflow
-from tfpar.partition.tiling import Tiling, matmul_cost
-from tfpar.partition.tiling_planner import tilings_of
+from tfpar.partition.tiling import Tiling
+from tfpar.partition.tiling_planner import op_cut_costs, tilings_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,39 +51,30 @@ class Simulator:
         self.order = _topological(df)
         self.users: Dict[str, List[int]] = {}
         for pos, i in enumerate(self.order):
-            mm = df.matmuls[i]
-            for x in (mm.a, mm.b, mm.out):
+            for x in df.ops[i].operands:
                 self.users.setdefault(x, []).append(pos)
         producer = {}
         self.deps: List[List[int]] = []
         for pos, i in enumerate(self.order):
-            mm = df.matmuls[i]
-            self.deps.append([producer[x] for x in (mm.a, mm.b) if x in producer])
-            producer.setdefault(mm.out, pos)
+            op = df.ops[i]
+            self.deps.append([producer[x] for x in op.operands[:-1] if x in producer])
+            if df.matrices[op.operands[-1]].kind != "weight":  # see _topological
+                producer.setdefault(op.operands[-1], pos)
         self.strategy: Dict[str, Tiling] = {}
         self._comm: List[float] = []
         self._comp: List[float] = []
         self._finish: List[Tuple[float, float, float]] = []  # (comm end, comp end, link free)
 
-    # -- costs of one matmul -----------------------------------------------------------------
+    # -- costs of one op -----------------------------------------------------------------------
     def _durations(self, pos: int, strategy: Dict[str, Tiling]) -> Tuple[float, float]:
-        mm = self.df.matmuls[self.order[pos]]
-        mats = [self.df.matrices[x] for x in (mm.a, mm.b, mm.out)]
+        op = self.df.ops[self.order[pos]]
+        moved_by_cut = op_cut_costs(self.df, op, {x: strategy[x] for x in op.operands})
         comm = 0.0
-        groups = 1
-        for level, (parts, bandwidth, alpha) in enumerate(self.machine.cuts):
-            tiles = [strategy[x] for x in (mm.a, mm.b, mm.out)]
-            sizes = [_size(Tiling(t.cuts[:level]).tile_shape(m.shape)) for t, m in zip(tiles, mats)]
-            moved, _ = matmul_cost(*(t.cuts[level].dim for t in tiles), *sizes, parts,
-                                   mm.transpose_a, mm.transpose_b)
+        for moved, (parts, bandwidth, alpha) in zip(moved_by_cut, self.machine.cuts):
             if moved:
-                per_device = moved * groups * self.itemsize / self.machine.devices
+                per_device = moved * self.itemsize / self.machine.devices
                 comm += alpha * (parts - 1) + per_device / bandwidth
-            groups *= parts
-        a, b = mats[0].shape, mats[1].shape
-        inner = a[0] if mm.transpose_a else a[1]
-        flops = 2.0 * mats[2].size * inner / self.machine.devices
-        return comm, flops / self.machine.flops
+        return comm, self.df.flops(op) / self.machine.devices / self.machine.flops
 
     # -- simulation ----------------------------------------------------------------------------
     def simulate(self, strategy: Dict[str, Tiling]) -> float:
@@ -123,7 +115,7 @@ class Simulator:
         backward_weight) and seconds of compute per device ("compute")."""
         out = {c: 0.0 for c in CAUSES}
         for pos, comm in enumerate(self._comm):
-            out[self.df.matmuls[self.order[pos]].cause] += comm
+            out[self.df.ops[self.order[pos]].cause] += comm
         out["compute"] = sum(self._comp)
         return out
 
@@ -137,7 +129,7 @@ def mcmc(df: Dataflow, machine: Machine, seeds: Sequence[Dict[str, Tiling]],
          ) -> Tuple[Dict[str, Tiling], float]:
     """Metropolis-Hastings over strategies from each seed; the best strategy seen."""
     parts = [p for p, _, _ in machine.cuts]
-    names = sorted({x for mm in df.matmuls for x in (mm.a, mm.b, mm.out)})
+    names = sorted({x for op in df.ops for x in op.operands})
     choices = {x: tilings_of(df.matrices[x].shape, parts) for x in names}
     rng = random.Random(seed)
     sim = Simulator(df, machine)
@@ -160,29 +152,24 @@ def mcmc(df: Dataflow, machine: Machine, seeds: Sequence[Dict[str, Tiling]],
     return best, best_time
 
 
-def _size(shape) -> float:
-    n = 1.0
-    for d in shape:
-        n *= d
-    return n
-
-
 def _topological(df: Dataflow) -> List[int]:
-    """Matmuls in an order where each comes after the producers of its inputs."""
-    produced_by = {mm.out: i for i, mm in enumerate(df.matmuls)}
+    """Ops in an order where each comes after the producers of its inputs (an op's last
+    operand is what it writes). A weight's gradient, written into the weight's tiling, is
+    for the next step: the forward ops that read the weight do not wait for it."""
+    produced_by = {op.operands[-1]: i for i, op in enumerate(df.ops)
+                   if df.matrices[op.operands[-1]].kind != "weight"}
     order, seen = [], set()
 
     def visit(i, stack=()):
         if i in seen or i in stack:
             return
-        mm = df.matmuls[i]
-        for x in (mm.a, mm.b):
+        for x in df.ops[i].operands[:-1]:
             j = produced_by.get(x)
             if j is not None and j != i:
                 visit(j, stack + (i,))
         seen.add(i)
         order.append(i)
 
-    for i in range(len(df.matmuls)):
+    for i in range(len(df.ops)):
         visit(i)
     return order

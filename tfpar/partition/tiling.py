@@ -132,6 +132,27 @@ def matmul_cost(ta, tb, tc, sa: float, sb: float, sc: float, m: int,
     return cost, name
 
 
+def reduce_cost(ta, tc, sa: float, sc: float, m: int, axis: int = 0) -> Tuple[float, str]:
+    """out = sum of A over `axis`, for one cut into m parts: the cheapest of summing a
+    split of the reduced axis (partial sums: red), of the kept axis (out split), or of
+    a whole A (out whole on every device). ta: A's tiling; tc: the vector out's (0/None)."""
+    kept = 1 - axis
+    forms = (
+        ("split reduced axis -> red", convert_cost(ta, axis, sa, m)
+         + convert_cost(RED, tc, sc, m)),
+        ("split kept axis -> split", convert_cost(ta, kept, sa, m) + convert_cost(0, tc, sc, m)),
+        ("whole -> r", convert_cost(ta, None, sa, m)),
+    )
+    name, cost = min(forms, key=lambda f: f[1])
+    return cost, name
+
+
+def broadcast_cost(ta, tc, sa: float, m: int, axis: int = 0) -> float:
+    """Vector A added to matrix C along `axis`: where C is split along A's dimension
+    (1 - axis), each device needs its part of A; anywhere else, all of A."""
+    return convert_cost(ta, 0 if tc == 1 - axis else None, sa, m)
+
+
 def distinct_tilings(k: int, dims: int = 2) -> int:
     """How many different k-cut tilings a `dims`-d tensor has (flattening: (k+1)(k+2)/2
     for matrices), counted by enumerating compositions of binary cuts."""

@@ -24,9 +24,9 @@ import json
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tfpar.errors import TfparError
-from tfpar.partition.dataflow import CAUSES, Dataflow
 from tfpar.partition import min_sum
-from tfpar.partition.tiling import RED, Cut, Tiling, matmul_cost
+from tfpar.partition.dataflow import CAUSES, Dataflow, MatMul, Op, Reduce
+from tfpar.partition.tiling import RED, Cut, Tiling, broadcast_cost, matmul_cost, reduce_cost
 
 
 def options(shape: Sequence[int], m: int) -> List[Optional[int]]:
@@ -48,22 +48,31 @@ def tilings_of(shape: Sequence[int], order: Sequence[int]) -> List[Tiling]:
     return out
 
 
-def matmul_k_cut_cost(df: Dataflow, mm, tilings: Dict[str, Tiling]) -> float:
-    """Elements one matmul moves under k-cut tilings: sum over cuts of the cut's cost on
-    the tiles left by the cuts before it, times the number of those tiles (Theorem 1)."""
-    return sum(matmul_cut_costs(df, mm, tilings))
+def op_cut_cost(op: Op, dims: Sequence[Optional[int]], sizes: Sequence[float], m: int
+                ) -> float:
+    """Elements one op moves for one cut into m parts (its operands' tilings `dims` and
+    tile sizes, in `op.operands` order)."""
+    if isinstance(op, MatMul):
+        return matmul_cost(*dims, *sizes, m, op.transpose_a, op.transpose_b)[0]
+    if isinstance(op, Reduce):
+        return reduce_cost(dims[0], dims[1], sizes[0], sizes[1], m, op.axis)[0]
+    return broadcast_cost(dims[0], dims[1], sizes[0], m, op.axis)
 
 
-def matmul_cut_costs(df: Dataflow, mm, tilings: Dict[str, Tiling]) -> List[float]:
-    """The terms of `matmul_k_cut_cost`, one per cut: the elements that cross each cut."""
+def op_k_cut_cost(df: Dataflow, op: Op, tilings: Dict[str, Tiling]) -> float:
+    """Elements one op moves under k-cut tilings: sum over cuts of the cut's cost on the
+    tiles left by the cuts before it, times the number of those tiles (Theorem 1)."""
+    return sum(op_cut_costs(df, op, tilings))
+
+
+def op_cut_costs(df: Dataflow, op: Op, tilings: Dict[str, Tiling]) -> List[float]:
+    """The terms of `op_k_cut_cost`, one per cut: the elements that cross each cut."""
     out, weight = [], 1
-    names = (mm.a, mm.b, mm.out)
-    for level, cut in enumerate(tilings[mm.a].cuts):
+    names = op.operands
+    for level, cut in enumerate(tilings[names[0]].cuts):
         ts = [tilings[x] for x in names]
         sizes = [_tile_size(df.matrices[x].shape, t, level) for x, t in zip(names, ts)]
-        c, _ = matmul_cost(*(t.cuts[level].dim for t in ts), *sizes, cut.parts,
-                           mm.transpose_a, mm.transpose_b)
-        out.append(weight * c)
+        out.append(weight * op_cut_cost(op, [t.cuts[level].dim for t in ts], sizes, cut.parts))
         weight *= cut.parts
     return out
 
@@ -83,7 +92,7 @@ def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf"),
           work: float = float("inf"), link_costs: Optional[Sequence[float]] = None
           ) -> Tuple[Dict[str, Tiling], float]:
     """The cheapest k-cut tilings over all cuts at once, exactly (min-plus variable
-    elimination over per-matmul cost tables; `tfpar.partition.min_sum`).
+    elimination over per-op cost tables; `tfpar.partition.min_sum`).
 
     Every matrix ranges over its whole k-cut tilings (up to 3^k), so for many cuts the
     tables outgrow `budget` and this raises `TooLarge`: `plan_tiling` then falls back to
@@ -94,56 +103,76 @@ def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf"),
     if not df.matmuls:
         raise TfparError("the graph has no matmuls: there is nothing for the tiling planner "
                          "to split")
-    used = list(dict.fromkeys(x for mm in df.matmuls for x in (mm.a, mm.b, mm.out)))
+    used = list(dict.fromkeys(x for op in df.ops for x in op.operands))
     by_shape: Dict[Tuple[int, ...], List[Tiling]] = {}
     for shape in {df.matrices[x].shape for x in used}:
         by_shape[shape] = tilings_of(shape, order)
     domains = {x: by_shape[df.matrices[x].shape] for x in used}
     sizes = {x: len(d) for x, d in domains.items()}
-    scopes = [list(dict.fromkeys((mm.a, mm.b, mm.out))) for mm in df.matmuls]
+    scopes = [list(dict.fromkeys(op.operands)) for op in df.ops]
     elimination, _ = min_sum.elimination_order(sizes, scopes, budget, work)  # before tables
-    factors = [_cost_table(df, mm, domains, order, link_costs) for mm in df.matmuls]
+    factors = [_cost_table(df, op, domains, order, link_costs) for op in df.ops]
     index, total = min_sum.minimise(sizes, factors, elimination)
     replicate = Tiling(tuple(Cut(None, m) for m in order))
     tilings = {x: domains[x][index[x]] if x in domains else replicate for x in df.matrices}
     return tilings, total
 
 
-def _cost_table(df: Dataflow, mm, domains: Dict[str, List[Tiling]], order: Sequence[int],
-                link_costs: Optional[Sequence[float]] = None):
-    """matmul_k_cut_cost for every combination of its operands' tilings, as one array."""
+def _to(d, s, want: int, m: int):
+    """Vectorised convert_cost from stored tilings `d` (-1: replicated) of tiles of `s`
+    elements to the tiling an op's form needs (`want`, -1: whole)."""
     import numpy as np
-    names = (mm.a, mm.b, mm.out)
+    if want == -1:
+        return np.where(d == -1, 0.0, s * (m - 1))
+    return np.where((d == -1) | (d == want), 0.0, s * (1 - 1 / m))
+
+
+def _from(state, d, s, m: int):
+    """Vectorised convert_cost from an op's result (`state`: a dim or RED) to the stored
+    tilings `d`."""
+    import numpy as np
+    if state == RED:
+        return s * (m - 1) * np.where(d == -1, 2, 1)
+    return np.where(d == state, 0.0, np.where(d == -1, s * (m - 1), s * (1 - 1 / m)))
+
+
+def _cost_table(df: Dataflow, op: Op, domains: Dict[str, List[Tiling]], order: Sequence[int],
+                link_costs: Optional[Sequence[float]] = None):
+    """op_k_cut_cost for every combination of its operands' tilings, as one array (times
+    each cut's link cost)."""
+    import numpy as np
+    names = op.operands
+    transposed = ((op.transpose_a, op.transpose_b, False) if isinstance(op, MatMul)
+                  else (False,) * len(names))
     table = np.zeros([len(domains[x]) for x in names])
     weight = 1
     for level, m in enumerate(order):
         dims, sizes = [], []
-        for x, transposed in zip(names, (mm.transpose_a, mm.transpose_b, False)):
+        for x, flip in zip(names, transposed):
             d = np.array([-1 if t.cuts[level].dim is None else t.cuts[level].dim
                           for t in domains[x]])
-            dims.append(np.where(d >= 0, d ^ 1, d) if transposed else d)  # as the product uses it
+            dims.append(np.where(d >= 0, d ^ 1, d) if flip else d)  # as the op uses it
             sizes.append(np.array([_tile_size(df.matrices[x].shape, t, level)
                                    for t in domains[x]]))
-        (da, db, dc), (sa, sb, sc) = dims, sizes
-
-        def to(d, s, want):  # operand conversion to the form's tiling (want -1: replicate)
-            if want == -1:
-                return np.where(d == -1, 0.0, s * (m - 1))
-            return np.where((d == -1) | (d == want), 0.0, s * (1 - 1 / m))
-
-        def out_from(state):  # the product's tiling (RED: partial sums) to the stored one
-            if state == RED:
-                return sc * (m - 1) * np.where(dc == -1, 2, 1)
-            return np.where(dc == state, 0.0, np.where(dc == -1, sc * (m - 1), sc * (1 - 1 / m)))
-
-        forms = [to(da, sa, fa)[:, None, None] + to(db, sb, fb)[None, :, None]
-                 + out_from(fc)[None, None, :]
-                 for fa, fb, fc in ((0, -1, 0), (-1, 1, 1), (1, 0, RED))]
+        if isinstance(op, MatMul):
+            (da, db, dc), (sa, sb, sc) = dims, sizes
+            forms = [_to(da, sa, fa, m)[:, None, None] + _to(db, sb, fb, m)[None, :, None]
+                     + _from(fc, dc, sc, m)[None, None, :]
+                     for fa, fb, fc in ((0, -1, 0), (-1, 1, 1), (1, 0, RED))]
+        elif isinstance(op, Reduce):
+            (da, dc), (sa, sc) = dims, sizes
+            forms = [_to(da, sa, op.axis, m)[:, None] + _from(RED, dc, sc, m)[None, :],
+                     _to(da, sa, 1 - op.axis, m)[:, None] + _from(0, dc, sc, m)[None, :],
+                     _to(da, sa, -1, m)[:, None] + 0.0 * dc[None, :]]
+        else:  # Broadcast
+            (da, dc), (sa, _) = dims, sizes
+            forms = [np.where(dc[None, :] == 1 - op.axis, _to(da, sa, 0, m)[:, None],
+                              _to(da, sa, -1, m)[:, None])]
         link = 1.0 if link_costs is None else link_costs[level]
-        table += weight * link * np.minimum(np.minimum(forms[0], forms[1]), forms[2])
+        table += weight * link * np.minimum.reduce(forms)
         weight *= m
     distinct = list(dict.fromkeys(names))
-    if len(distinct) < 3:  # x^T x and the like: the diagonal over a repeated matrix
+    if len(distinct) < len(names):  # x^T x and the like: the diagonal over a repeated matrix
         letters = {x: chr(ord("i") + k) for k, x in enumerate(distinct)}
         table = np.einsum("".join(letters[x] for x in names) + "->"
                           + "".join(letters[x] for x in distinct), table)
@@ -153,16 +182,16 @@ def _cost_table(df: Dataflow, mm, domains: Dict[str, List[Tiling]], order: Seque
 def cost_of(df: Dataflow, tilings: Dict[str, Tiling], itemsize: int = 4) -> Dict[str, float]:
     """Bytes per step of given k-cut tilings, by cause (Theorem 1's weighting)."""
     out = {c: 0.0 for c in CAUSES}
-    for mm in df.matmuls:
-        out[mm.cause] += matmul_k_cut_cost(df, mm, tilings) * itemsize
+    for op in df.ops:
+        out[op.cause] += op_k_cut_cost(df, op, tilings) * itemsize
     return out
 
 
 def bytes_by_cut(df: Dataflow, tilings: Dict[str, Tiling], itemsize: int = 4) -> List[float]:
     """Bytes per step crossing each cut's links, outermost cut first."""
     out = [0.0] * len(next(iter(tilings.values())).cuts)
-    for mm in df.matmuls:
-        for level, c in enumerate(matmul_cut_costs(df, mm, tilings)):
+    for op in df.ops:
+        for level, c in enumerate(op_cut_costs(df, op, tilings)):
             out[level] += c * itemsize
     return out
 
