@@ -178,6 +178,9 @@ def test_the_recursion_is_not_always_optimal_and_joint_never_worse():
             assert joint <= greedy + 1e-9
             greedy_worse += greedy > joint + 1e-9
     assert greedy_worse >= 3
+    # The README's example: batch 6, widths 32-4-4-16, 8 devices.
+    example = mlp(6, [32, 4, 4, 16])
+    assert solve(example, (2, 2, 2))[1] == 352 and _k_cuts(example, (2, 2, 2))[1] == 416
     # Beyond the joint search's budget (16 and 64 devices): blocks of cuts solved jointly,
     # kept only when they beat the plain recursion.
     for df, n in ((SOYBEAN_MLP, 16), (mlp(64, [256] * 4), 64)):
@@ -278,6 +281,21 @@ def test_plan_round_trips_and_prints():
     text = plan.table()
     assert "W1" in text and "data parallel" in text and "model parallel" in text
     assert set(plan.placement) == {f"W{i}" for i in range(1, 6)}
+    # Placement as ranges: each weight's tiles cover it, each element held by as many
+    # devices as the tiling replicates it over.
+    plan = plan_tiling(mlp(8, [12, 24, 6], bias=True), 8)
+    for name, tiling in plan.placement.items():
+        shape = plan.shapes[name]
+        held = np.zeros(shape, int)
+        for device in range(8):
+            held[tuple(slice(lo, hi) for lo, hi in plan.tile(name, device))] += 1
+        copies = 1
+        for cut in Tiling.parse(tiling).cuts:
+            copies *= cut.parts if cut.dim is None else 1
+        assert (held == copies).all(), (name, tiling)
+    rc = Tiling.parse("RC")
+    assert [rc.tile_ranges((4, 6), d) for d in range(4)] == [
+        ((0, 2), (0, 3)), ((0, 2), (3, 6)), ((2, 4), (0, 3)), ((2, 4), (3, 6))]
 
 
 def test_bad_input():

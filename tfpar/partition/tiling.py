@@ -65,6 +65,23 @@ class Tiling:
                 out[c.dim] //= c.parts
         return tuple(out)
 
+    def tile_ranges(self, shape: Sequence[int], device: int) -> Tuple[Tuple[int, int], ...]:
+        """The [start, stop) range along each dimension that `device` holds. Devices are
+        numbered in mixed radix over the cuts, the outermost cut the most significant
+        digit, so the first cut separates devices [0, N/m) from [N/m, 2N/m), ..."""
+        if not 0 <= device < self.devices:
+            raise ValueError(f"device {device} is not in 0..{self.devices - 1}")
+        ranges = [[0, n] for n in shape]
+        rest = self.devices
+        for c in self.cuts:
+            rest //= c.parts
+            part = (device // rest) % c.parts
+            if c.dim is not None:
+                lo, hi = ranges[c.dim]
+                step = (hi - lo) // c.parts
+                ranges[c.dim] = [lo + part * step, lo + (part + 1) * step]
+        return tuple((lo, hi) for lo, hi in ranges)
+
     @property
     def devices(self) -> int:
         n = 1

@@ -1,20 +1,21 @@
-"""The tiling planner: communication-minimal tilings of a matmul dataflow (SoyBean).
+"""The tiling planner: communication-minimal tilings of a training step's dataflow (SoyBean).
 
-- `solve`: the exactly cheapest k-cut tilings of every matrix, over all cuts jointly.
-  The problem is a sum of per-matmul cost tables, one axis per operand's tiling, so
-  SoyBean's DP over BFS levels (its state: the tilings of the matrices that a done and a
-  pending matmul share) is min-plus variable elimination (`min_sum`), run vectorised.
-  For one cut (`one_cut`, Equation 3) a layer chain costs linear time in depth.
+- `solve`: the exactly cheapest k-cut tilings of every tensor, over all cuts jointly.
+  The problem is a sum of per-op cost tables (matmuls, bias adds, bias gradients), one
+  axis per operand's tiling, so SoyBean's DP over BFS levels (its state: the tilings of
+  the tensors that a done and a pending op share) is min-plus variable elimination
+  (`min_sum`), run vectorised. For one cut (`one_cut`, Equation 3) a layer chain costs
+  linear time in depth.
 - SoyBean's recursion (Algorithm 1, `_k_cuts`): the best one cut, then recursively of the
   tile graph, total c = delta_outer + m_outer * c_inner (Theorem 1, generalised to cuts
-  into m parts). It is not always optimal (a 2-layer chain on 4 devices: 192 elements
-  greedy, 168 joint), so `plan_tiling` solves jointly whenever the tables fit
+  into m parts). It is not always optimal (a 3-layer chain on 8 devices: 416 elements
+  greedy, 352 joint), so `plan_tiling` solves jointly whenever the tables fit
   (`JOINT_BUDGET`, `JOINT_WORK`: 8 devices on layer chains), and beyond that keeps the
   cheaper of the recursion and a recursion over blocks of cuts each solved jointly.
-- `plan_tiling`: any device count, factored into cuts (6 = 2 x 3). With a hierarchy
-  (hosts x devices), the cuts are ordered to put the first cut, which carries the least
-  weighted traffic (Theorem 3), on the slowest links; without one, every order of the
-  factors is tried and the cheapest kept.
+- `plan_tiling`: any device count, factored into cuts (6 = 2 x 3), every order tried.
+  With a hierarchy (hosts x devices), each cut's elements cost the time its links take
+  (1 / bandwidth), and every assignment of cuts to links is tried; Theorem 3's rule (the
+  least traffic on the slowest links) is then a result, not an assumption.
 """
 from __future__ import annotations
 
@@ -238,8 +239,12 @@ class TilingPlan:
 
     @property
     def placement(self) -> Dict[str, str]:
-        """Each weight's tiling: where its pieces live (tile i of the tiling on device i)."""
+        """Each weight's tiling; `tile` says which piece each device holds."""
         return {x: t for x, t in self.tilings.items() if self.kinds[x] == "weight"}
+
+    def tile(self, name: str, device: int) -> Tuple[Tuple[int, int], ...]:
+        """The [start, stop) ranges of tensor `name` that `device` (0..N-1) holds."""
+        return Tiling.parse(self.tilings[name]).tile_ranges(self.shapes[name], device)
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(dataclasses.asdict(self), indent=indent)
