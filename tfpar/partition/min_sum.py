@@ -100,15 +100,14 @@ def minimise(domains: Dict[Hashable, int], factors: Sequence[Factor],
             union.extend(u for u in pool[i][0] if u not in union)
         union.remove(v)
         axes = union + [v]  # v last, to minimise over it
-        total = np.zeros([1] * len(axes))
+        total = np.zeros([domains[u] for u in axes])  # added into in place: one table
         for i in using:
             scope, table = pool.pop(i)
             perm = sorted(range(len(scope)), key=lambda j: axes.index(scope[j]))
             shape = [1] * len(axes)
             for j in perm:
                 shape[axes.index(scope[j])] = table.shape[j]
-            total = total + table.transpose(perm).reshape(shape)
-        total = np.broadcast_to(total, [domains[u] for u in axes])
+            total += table.transpose(perm).reshape(shape)
         best = total.argmin(axis=-1)
         back.append((v, tuple(union), best))
         reduced = np.take_along_axis(total, best[..., None], axis=-1)[..., 0]
