@@ -306,9 +306,11 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
                 = None, itemsize: int = 4, machine=None, iterations: int = 2000) -> TilingPlan:
     """The least-communication k-cut tiling of `df` on `devices` devices.
 
-    hierarchy: optional ((parts, link bandwidth), ...) from the outside in, e.g.
-    ((2, 1.25), (8, 25.0)) for 2 hosts of 8 devices; its product must be `devices`. Its
-    levels are cut outermost-slowest (Theorem 3), each level in prime cuts.
+    hierarchy: optional ((parts, link GB/s), ...), e.g. ((2, 1.25), (8, 25.0)) for 2 hosts
+    of 8 devices; its product must be `devices`. Each level is cut in prime cuts, each
+    cut's traffic weighted by 1 / its links' bandwidth, and every assignment of cuts to
+    levels is tried: the plan minimises transfer time (`cut_bandwidths` says which cut
+    went on which links).
     machine: a `tfpar.partition.simulate.Machine` turns on time mode: the step time is
     simulated (compute estimates, alpha-beta links) and an MCMC search seeded with data
     parallelism and the communication-optimal plan minimises it.
