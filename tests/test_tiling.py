@@ -10,9 +10,9 @@ from tfpar.partition.dataflow import mlp
 from tfpar.partition.tiling import Cut, Tiling, convert_cost, distinct_tilings, matmul_cost
 from tfpar.partition import min_sum
 from tfpar.partition.dataflow import Dataflow
-from tfpar.partition.tiling_planner import (DATA_PARALLEL, MODEL_PARALLEL, TilingPlan,
-                                            _cost_table, _k_cuts, best_group_hybrid,
-                                            canonical, cost_of, one_cut,
+from tfpar.partition.tiling_planner import (DATA_PARALLEL, EXACT_LIMITS, MODEL_PARALLEL,
+                                            TilingPlan, _cost_table, _k_cuts,
+                                            best_group_hybrid, canonical, cost_of, one_cut,
                                             plan_tiling, section22_bytes, solve)
 from tiling_enumeration import brute_force, chain_optimum, tables
 
@@ -98,6 +98,10 @@ def test_the_planner_beats_or_equals_the_canonical_tilings():
     plan16 = plan_tiling(SOYBEAN_MLP, 16)
     assert plan16.total_bytes <= sum(cost_of(SOYBEAN_MLP, hybrid16).values())
     assert plan16.total_bytes <= 33.6 * MB
+    # With room for the exact search (tfpar plan --exact), 16 devices are exact too.
+    exact16 = plan_tiling(SOYBEAN_MLP, 16, exact_limits=EXACT_LIMITS)
+    assert exact16.search == "exact (joint over all cuts)" != plan16.search
+    assert exact16.total_bytes <= plan16.total_bytes
 
 
 def test_flattening_counts_distinct_tilings():
@@ -374,5 +378,8 @@ def test_tfpar_plan_tiling_on_the_examples():
     assert proc.returncode == 0, proc.stderr
     plan = TilingPlan.from_json(proc.stdout)
     assert plan.hierarchy == ((2, 1.0), (4, 20.0)) and sorted(plan.cut_bandwidths) == [1, 20, 20]
+    proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "16", "--exact")
+    assert proc.returncode == 0, proc.stderr
+    assert "search: exact (joint over all cuts)" in proc.stdout
     proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "8", "--hosts", "3")
     assert proc.returncode == 2 and "--hosts 3 does not divide 8 devices" in proc.stderr

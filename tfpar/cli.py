@@ -94,6 +94,8 @@ def main(argv=None):
     plan.add_argument("--hosts", type=int, help="--tiling on this many hosts of equal "
                       "devices: cuts are placed on links by bandwidth (--host-gbps between "
                       "hosts, --link-gbps inside)")
+    plan.add_argument("--exact", action="store_true", help="--tiling: let the exact joint "
+                      "search use up to about 1 GB and a minute before it falls back")
     plan.add_argument("--host-gbps", type=float, default=1.25,
                       help="bandwidth between hosts in GB/s, with --hosts")
     plan.add_argument("--latency-us", type=float, default=10.0,
@@ -120,7 +122,7 @@ def main(argv=None):
         if args.command == "plan" and args.tiling:
             import tensorflow as tf
             from tfpar.partition.extract import extract
-            from tfpar.partition.tiling_planner import plan_tiling
+            from tfpar.partition.tiling_planner import EXACT_LIMITS, plan_tiling
             from tfpar.transform.graph_copy import copy_graph
             source = graph if isinstance(graph, tf.Graph) else copy_graph(graph)
             devices = (args.devices if args.devices is not None
@@ -144,7 +146,8 @@ def main(argv=None):
                     for n, bw in levels for p in factorizations(n)[0]))
             tiling = plan_tiling(extract(source, analysis, args.batch, scope), devices,
                                  hierarchy=levels if args.hosts is not None else None,
-                                 machine=machine)
+                                 machine=machine,
+                                 exact_limits=EXACT_LIMITS if args.exact else None)
             print(tiling.to_json() if args.json else tiling.table())
             return 0
         layout = parse_resources(args.resources)

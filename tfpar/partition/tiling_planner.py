@@ -87,6 +87,7 @@ def _tile_size(shape, tiling: Tiling, level: int) -> float:
 # about a second).
 JOINT_BUDGET = 2e7
 JOINT_WORK = 1e8
+EXACT_LIMITS = (1e8, 5e9)  # `tfpar plan --exact`: 800 MB tables, a minute of work at most
 
 
 def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf"),
@@ -303,7 +304,8 @@ MODEL_PARALLEL = {"weight": 0, "input": None, "activation": 1, "gradient": None}
 
 
 def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[int, float]]]
-                = None, itemsize: int = 4, machine=None, iterations: int = 2000) -> TilingPlan:
+                = None, itemsize: int = 4, machine=None, iterations: int = 2000,
+                exact_limits: Tuple[float, float] = None) -> TilingPlan:
     """The least-communication k-cut tiling of `df` on `devices` devices.
 
     hierarchy: optional ((parts, link GB/s), ...), e.g. ((2, 1.25), (8, 25.0)) for 2 hosts
@@ -314,7 +316,11 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
     machine: a `tfpar.partition.simulate.Machine` turns on time mode: the step time is
     simulated (compute estimates, alpha-beta links) and an MCMC search seeded with data
     parallelism and the communication-optimal plan minimises it.
+    exact_limits: (largest table, all tables) in entries that the exact joint search may
+    form; default (JOINT_BUDGET, JOINT_WORK), under a second. `EXACT_LIMITS` (about 1 GB
+    and a minute at most) makes e.g. 16 devices on SoyBean's MLP exact.
     """
+    limits = exact_limits or (JOINT_BUDGET, JOINT_WORK)
     if not isinstance(devices, int) or devices < 1:
         raise TfparError(f"the number of devices must be a positive int, got {devices!r}")
     if not df.matmuls:
@@ -349,7 +355,7 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
     for arrangement in arrangements:
         order = tuple(p for p, _ in arrangement)
         links = tuple(c for _, c in arrangement) if hierarchy else None
-        found = _search(df, order, links)
+        found = _search(df, order, links, limits)
         if best is None or found[1] < best[1]:
             best = (*found, order, links)
     tilings, _, search, order, links = best
@@ -362,7 +368,7 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
         links = tuple(bw for _, bw, _ in machine.cuts)
         dp, mp = canonical(df, DATA_PARALLEL, order), canonical(df, MODEL_PARALLEL, order)
         fastest = max(bw for _, bw, _ in machine.cuts)
-        tilings, _, _ = _search(df, order, [fastest / bw for _, bw, _ in machine.cuts])
+        tilings, _, _ = _search(df, order, [fastest / bw for _, bw, _ in machine.cuts], limits)
         tilings, step = mcmc(df, machine, [dp, tilings], iterations)
         sim = Simulator(df, machine, itemsize)
         sim.simulate(tilings)
@@ -411,7 +417,8 @@ EXACT = "exact (joint over all cuts)"
 RECURSION = "SoyBean recursion (best cut, then recurse)"
 
 
-def _search(df: Dataflow, order: Sequence[int], link_costs: Optional[Sequence[float]] = None
+def _search(df: Dataflow, order: Sequence[int], link_costs: Optional[Sequence[float]] = None,
+            limits: Tuple[float, float] = (JOINT_BUDGET, JOINT_WORK)
             ) -> Tuple[Dict[str, Tiling], float, str]:
     """The tilings for cuts `order`, their cost and how they were found: exactly when the
     joint tables fit the budgets; else the cheaper of SoyBean's recursion one cut at a
@@ -420,12 +427,12 @@ def _search(df: Dataflow, order: Sequence[int], link_costs: Optional[Sequence[fl
     if not order:
         return {x: Tiling() for x in df.matrices}, 0.0, EXACT
     try:
-        return (*solve(df, order, JOINT_BUDGET, JOINT_WORK, link_costs), EXACT)
+        return (*solve(df, order, *limits, link_costs), EXACT)
     except min_sum.TooLarge:
         pass
-    tilings, total, _ = _k_cuts(df, order, False, link_costs)
+    tilings, total, _ = _k_cuts(df, order, False, link_costs, limits)
     found = (tilings, total, RECURSION)
-    tilings, total, blocks = _k_cuts(df, order, True, link_costs)
+    tilings, total, blocks = _k_cuts(df, order, True, link_costs, limits)
     if max(blocks) > 1 and total < found[1]:
         found = (tilings, total, "recursion over blocks of cuts, each block exact ("
                  + " + ".join(map(str, blocks)) + " cuts)")
@@ -433,7 +440,8 @@ def _search(df: Dataflow, order: Sequence[int], link_costs: Optional[Sequence[fl
 
 
 def _k_cuts(df: Dataflow, order: Sequence[int], joint: bool = False,
-            link_costs: Optional[Sequence[float]] = None
+            link_costs: Optional[Sequence[float]] = None,
+            limits: Tuple[float, float] = (JOINT_BUDGET, JOINT_WORK)
             ) -> Tuple[Dict[str, Tiling], float, List[int]]:
     """Algorithm 1: the best next cut, then recurse on the tile graph; c = delta + m * c'.
     joint: take as many next cuts at once as the joint search's budgets allow (exact
@@ -443,9 +451,9 @@ def _k_cuts(df: Dataflow, order: Sequence[int], joint: bool = False,
     while i < len(order):
         for size in range(len(order) - i if joint else 1, 0, -1):
             try:
-                limits = (JOINT_BUDGET, JOINT_WORK) if size > 1 else (float("inf"),) * 2
+                allowed = limits if size > 1 else (float("inf"),) * 2
                 links = None if link_costs is None else link_costs[i:i + size]
-                block, delta = solve(df, order[i:i + size], *limits, links)
+                block, delta = solve(df, order[i:i + size], *allowed, links)
                 break
             except min_sum.TooLarge:
                 continue
