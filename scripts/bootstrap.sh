@@ -66,6 +66,9 @@ if ! have "horovod==$HVD_VERSION" || ! "$PY" -c "import horovod.tensorflow" 2>/d
 fi
 
 "$PY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" >/dev/null
-"$VENV/bin/horovodrun" --check-build | grep -q "\[X\] Gloo" \
-  || { echo "tfpar bootstrap: Horovod was built without Gloo" >&2; exit 1; }
+# Read the whole report before matching: `| grep -q` closes the pipe at the first match,
+# horovodrun dies of the broken pipe, and pipefail turns that into a failure.
+build_report="$("$VENV/bin/horovodrun" --check-build 2>&1)" || true
+grep -q "\[X\] Gloo" <<<"$build_report" \
+  || { echo "tfpar bootstrap: Horovod was built without Gloo:" >&2; echo "$build_report" >&2; exit 1; }
 log "ready: $VENV (TF $TF_VERSION, Horovod $HVD_VERSION with Gloo)"
