@@ -21,9 +21,10 @@ import dataclasses
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+import numpy as np
 import tensorflow as tf
 
-from tfpar.errors import TfparError
+from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
@@ -56,8 +57,18 @@ WRITES: Dict[str, int] = {**_APPLY_WRITES, **{"Resource" + k: v for k, v in _APP
 READERS = frozenset({
     "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
     "VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitialized", "Identity",
-    "Gather", "GatherV2", "GatherNd", "SaveV2", "SaveSlices", "Save",
+    "Gather", "GatherV2", "GatherNd", "SaveV2", "SaveSlices", "Save", "DisableCopyOnRead",
 })
+# Ops that pass a variable's handle (or ref) on into control flow or a function: a variable
+# they carry is read inside, unless the function body writes it (checked).
+FUNCTIONAL = {  # op type -> (function attrs, offset of the first input passed to the function)
+    "While": (("cond", "body"), 0), "StatelessWhile": (("cond", "body"), 0),
+    "If": (("then_branch", "else_branch"), 1), "StatelessIf": (("then_branch", "else_branch"), 1),
+    "Case": (("branches",), 1), "StatelessCase": (("branches",), 1),
+    "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0),
+}
+PASS_THROUGH = frozenset({"Enter", "RefEnter", "Switch", "RefSwitch", "Merge", "RefMerge",
+                          "Identity", "RefIdentity", "NextIteration", "RefNextIteration"})
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "VariableShape", "Size", "Rank", "Const"})
 DEFAULT_GRADIENT_SCOPE = r"(^|/)gradients(_\d+)?/"
 
@@ -71,6 +82,14 @@ class Gradient:
     indices: Optional[str] = None  # tensor name, sparse only
     post_processed: bool = False  # ops (clipping, scaling, ...) stand between it and the update
     values_shape: Tuple[Optional[int], ...] = ()  # static shape of `values` (None: unknown dim)
+    # What the update ops read: the raw gradient after post-processing (= raw if none).
+    final_values: Optional[str] = None
+    final_indices: Optional[str] = None
+    # Sparse only: outputs of post-processing ops that sum the gradient's rows (a norm's
+    # L2Loss or reduce_sum): on a worker they see its rows only, so they are summed over
+    # workers. `inexact` names post-processing that per-worker rows cannot reproduce.
+    row_sums: Tuple[str, ...] = ()
+    inexact: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +147,7 @@ class GraphAnalysis:
     variables: Tuple[VariableInfo, ...]
     global_step: Optional[str]
     train_ops: Tuple[str, ...]
+    blockers: Tuple[Blocker, ...] = ()  # what tfpar cannot handle in this graph, each with its fix
 
     @property
     def trained(self) -> Tuple[VariableInfo, ...]:
@@ -150,8 +170,12 @@ class GraphAnalysis:
         return format_table(rows)
 
 
-def analyse(graph_or_meta, gradient_scope: str = DEFAULT_GRADIENT_SCOPE) -> GraphAnalysis:
-    """Analyses a `tf.Graph` (or `MetaGraphDef`) holding one or more optimizer update ops."""
+def analyse(graph_or_meta, gradient_scope: str = DEFAULT_GRADIENT_SCOPE,
+            strict: bool = True) -> GraphAnalysis:
+    """Analyses a `tf.Graph` (or `MetaGraphDef`) holding one or more optimizer update ops.
+
+    strict: raise one error listing every blocker found (else they are in `.blockers`).
+    """
     if isinstance(graph_or_meta, tf.compat.v1.MetaGraphDef):
         from tfpar.transform.graph_copy import copy_graph
         graph = copy_graph(graph_or_meta)
@@ -160,7 +184,10 @@ def analyse(graph_or_meta, gradient_scope: str = DEFAULT_GRADIENT_SCOPE) -> Grap
     else:
         raise TfparError(f"tfpar analyses a tf.Graph or a MetaGraphDef, got "
                          f"{type(graph_or_meta).__name__}")
-    return _Analyser(graph, gradient_scope).run()
+    analysis = _Analyser(graph, gradient_scope).run()
+    if strict:
+        raise_blockers(analysis.blockers)
+    return analysis
 
 
 class _Analyser:
@@ -172,6 +199,7 @@ class _Analyser:
         self.after_grad = self._descendants(self.region)
         with graph.as_default():  # Variable.to_proto needs graph mode
             self.collection_vars = self._collection_variables()
+        self._library = None
 
     # -- graph helpers ---------------------------------------------------------------------
     def _descendants(self, roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
@@ -211,12 +239,17 @@ class _Analyser:
         writers = {op: self._writers(op) for op in var_ops}
         slot_owner: Dict[str, str] = {}
         infos = {}
+        blockers: List[Blocker] = []
         for op in var_ops:
             trainable, part = self.collection_vars.get(op.name, (False, None))
             updates = ()
             if trainable:
-                self._check_understood(op)
-                updates = self._updates(op, writers[op])
+                found = self._not_understood(op)
+                try:
+                    updates = self._updates(op, writers[op])
+                except TfparError as e:
+                    found.append(Blocker(op.name, str(e), isinstance(e, NotYetSupportedError)))
+                blockers.extend(found)
                 for u in updates:
                     for s in u.slots:
                         slot_owner.setdefault(s, op.name)
@@ -239,7 +272,7 @@ class _Analyser:
                 dtype=dtype.name, nbytes=nbytes, resource=op.type == "VarHandleOp",
                 trainable=trainable, role=role, updates=updates,
                 slot_of=slot_owner.get(name), partition=part))
-        if not any(v.role == "trained" for v in result):
+        if not any(v.role == "trained" for v in result) and not blockers:
             raise TfparError(
                 "the graph has no optimizer update ops (no variable is written from a gradient): "
                 "build the training step with an optimizer's minimize() or apply_gradients() "
@@ -247,7 +280,8 @@ class _Analyser:
         step = tf.compat.v1.train.get_global_step(self.graph)
         train_ops = tuple(op.name for op in self.graph.get_collection(
             tf.compat.v1.GraphKeys.TRAIN_OP) if isinstance(op, tf.Operation))
-        return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops)
+        return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops,
+                             tuple(blockers))
 
     def _writers(self, var_op) -> List[Tuple[tf.Operation, int]]:
         """(op, input position) for every op that writes this variable."""
@@ -258,14 +292,146 @@ class _Analyser:
             out.extend((c, i) for i, t in enumerate(c.inputs) if t is handle and i < n)
         return out
 
-    def _check_understood(self, var_op):
-        for c in var_op.outputs[0].consumers():
-            if c.type in WRITES or c.type in READERS or c not in self.after_grad:
+    def _not_understood(self, var_op) -> List[Blocker]:
+        """Every use of a trained variable that tfpar cannot account for, as blockers.
+
+        Control flow and functions (`tf.while_loop`, `tf.cond`, `dynamic_rnn`, attention
+        decoders) that carry the variable's handle read it inside; one whose body *writes*
+        the variable is a blocker, as is a write tfpar does not know.
+        """
+        found: List[Blocker] = []
+        stack, seen = [var_op.outputs[0]], set()
+        while stack:
+            t = stack.pop()
+            if t in seen:
                 continue
-            raise TfparError(
-                f"variable {var_op.name!r} is used by op {c.name!r} of type {c.type}, which tfpar "
-                "does not understand as an update; use a tf.compat.v1.train optimizer "
-                f"(known update ops: {', '.join(sorted(WRITES)[:6])}, ...)")
+            seen.add(t)
+            for c in t.consumers():
+                if c.type in FUNCTIONAL:
+                    for pos, x in enumerate(c.inputs):
+                        if x is t and self._function_writes(c, pos):
+                            found.append(Blocker(var_op.name, (
+                                f"variable {var_op.name!r} is updated inside {c.type} op "
+                                f"{c.name!r} (a tf.while_loop, tf.cond or function body): tfpar "
+                                "cannot combine an update made inside a loop across workers; "
+                                "update it with an optimizer outside the loop")))
+                elif c.type in PASS_THROUGH and c.type not in ("Identity", "RefIdentity"):
+                    stack.extend(c.outputs)  # v1 control flow: follow the handle
+                elif c.type in WRITES and t is not var_op.outputs[0]:
+                    if c in self.after_grad:
+                        found.append(Blocker(var_op.name, (
+                            f"variable {var_op.name!r} is written by op {c.name!r} ({c.type}) "
+                            "inside control flow: tfpar cannot combine an update made inside a "
+                            "loop or branch across workers; update it with an optimizer outside")))
+                elif (c.type in WRITES or c.type in READERS or c not in self.after_grad):
+                    continue
+                else:
+                    found.append(Blocker(var_op.name, (
+                        f"variable {var_op.name!r} is used by op {c.name!r} of type {c.type}, "
+                        "which tfpar understands neither as a read nor as an optimizer update; "
+                        "update trained variables with a tf.compat.v1.train optimizer "
+                        f"(known update ops: {', '.join(sorted(WRITES)[:6])}, ...)")))
+        return found
+
+    def _function_writes(self, op: tf.Operation, position: int, depth: int = 0) -> bool:
+        """Whether the function(s) `op` calls write the resource given at input `position`."""
+        attrs, offset = FUNCTIONAL[op.type]
+        if position < offset or depth > 8:
+            return depth > 8
+        names = []
+        for a in attrs:
+            value = op.get_attr(a)
+            names.extend(f.name for f in (value if isinstance(value, list) else [value]))
+        return any(self._body_writes(n, position - offset, depth) for n in names)
+
+    def _body_writes(self, fname: str, arg: int, depth: int) -> bool:
+        fdef = self._functions().get(fname)
+        if fdef is None or arg >= len(fdef.signature.input_arg):
+            return False
+        aliases = {fdef.signature.input_arg[arg].name}
+        changed = True
+        while changed:  # names that carry the handle: the argument and Identity chains of it
+            changed = False
+            for n in fdef.node_def:
+                if n.op in PASS_THROUGH and n.input and n.input[0] in aliases:
+                    for out in (n.name, n.name + ":output:0"):
+                        if out not in aliases:
+                            aliases.add(out)
+                            changed = True
+        for n in fdef.node_def:
+            inputs = [i for i in n.input if not i.startswith("^")]
+            if n.op in WRITES and inputs and inputs[0] in aliases:
+                return True
+            if n.op in FUNCTIONAL:
+                attrs, offset = FUNCTIONAL[n.op]
+                for pos, i in enumerate(inputs):
+                    if i in aliases and pos >= offset:
+                        for a in attrs:
+                            value = n.attr[a]
+                            funcs = list(value.list.func) if value.HasField("list") else [value.func]
+                            if any(self._body_writes(f.name, pos - offset, depth + 1)
+                                   for f in funcs):
+                                return True
+        return False
+
+    def _row_post_processing(self, var_op, values, indices, final_indices, update_ops):
+        """Checks that a sparse gradient's post-processing is exact on per-worker rows.
+
+        On the parameter servers each worker post-processes its own rows (its share of the
+        concatenated batch's gradient) and pushes the result, whose duplicate ids are then
+        summed, as the update would sum them. That equals single-device training when every op
+        on the rows is row-wise (row i from row i and from tensors that do not depend on the
+        rows), and every reduction over the rows is a sum, which is then summed over workers
+        (e.g. the global norm of clip_by_global_norm). Returns (row sums, problem or None).
+        """
+        rows = {values}
+        sums: List[str] = []
+        stack = [values]
+        while stack:
+            t = stack.pop()
+            for c in t.consumers():
+                if c in update_ops or c not in self.after_grad:
+                    continue
+                if c.type in _ROW_SUMS and self._sums_rows(c, t):
+                    sums.append(c.outputs[0].name)
+                    continue
+                if c.type in _ROW_WISE:
+                    for other in c.inputs:
+                        if other in rows:
+                            continue
+                        if c.type == "Sum" or not _broadcasts_over_rows(other, t):
+                            return (), _inexact(var_op, c, f"its input {other.name!r} has "
+                                                "one value per row")
+                    out = c.outputs[0]
+                    if out not in rows:
+                        rows.add(out)
+                        stack.append(out)
+                    continue
+                return (), _inexact(var_op, c, f"a {c.type} op over the gradient's rows is "
+                                    "neither row-wise nor a sum")
+        t = final_indices
+        while t is not indices:
+            if t.op.type not in _INDEX_PASS or t.op in update_ops:
+                return (), _inexact(var_op, t.op, "it changes the gradient's indices")
+            t = t.op.inputs[0]
+        return tuple(dict.fromkeys(sums)), None
+
+
+    def _sums_rows(self, op: tf.Operation, rows: tf.Tensor) -> bool:
+        if op.type == "L2Loss":
+            return True
+        axes = tf.get_static_value(op.inputs[1])
+        if axes is None:
+            return False
+        rank = rows.shape.rank
+        axes = [int(a) % rank if rank else int(a) for a in np.atleast_1d(axes)]
+        return 0 in axes or (rank is not None and len(axes) == 0)
+
+    def _functions(self):
+        if self._library is None:
+            self._library = {f.signature.name: f
+                             for f in self.graph.as_graph_def().library.function}
+        return self._library
 
     def _updates(self, var_op, writers) -> Tuple[Update, ...]:
         groups: Dict[str, List[tf.Operation]] = {}
@@ -294,13 +460,14 @@ class _Analyser:
                 elif t.op not in members and t.op in self.after_grad:
                     entries.append(t)
         writer_ops = [op for op in ops if op.type in WRITES]
-        gradient = self._raw_gradient(var_op, entries, writer_ops)
+        gradient = self._raw_gradient(var_op, entries, writer_ops, members)
         return Update(ops=tuple(op.name for op in writer_ops),
                       op_types=tuple(dict.fromkeys(op.type for op in writer_ops)),
                       scope=scope, gradient=gradient,
                       slots=tuple(dict.fromkeys(s for s in slots if s != var_op.name)))
 
-    def _raw_gradient(self, var_op, entries: Sequence[tf.Tensor], writer_ops) -> Gradient:
+    def _raw_gradient(self, var_op, entries: Sequence[tf.Tensor], writer_ops,
+                      members) -> Gradient:
         found: Dict[tf.Tensor, int] = {}
         queue = collections.deque((t, 0) for t in entries)
         seen = set()
@@ -324,12 +491,59 @@ class _Analyser:
                                        and t.shape.is_compatible_with(row_shape)},
                               "gradient values", where)
             indices = _nearest(var_op, ints, "gradient indices", where)
+            final_values = _entry(entries, lambda t: t.dtype == dtype
+                                  and t.shape.is_compatible_with(row_shape), values)
+            final_indices = _entry(entries, lambda t: t.dtype.is_integer and t.shape.rank == 1,
+                                   indices)
+            row_sums, inexact = self._row_post_processing(var_op, values, indices, final_indices,
+                                                          members)
             return Gradient("sparse", values.name, indices.name,
-                            post_processed=found[values] > 0, values_shape=_shape(values))
+                            post_processed=found[values] > 0 or final_indices is not indices,
+                            values_shape=_shape(values), final_values=final_values.name,
+                            final_indices=final_indices.name, row_sums=row_sums,
+                            inexact=inexact)
         dense = _nearest(var_op, {t: d for t, d in found.items() if t.dtype == dtype
                                   and t.shape.is_compatible_with(shape)}, "gradient", where)
+        final = _entry(entries, lambda t: t.dtype == dtype and t.shape.is_compatible_with(shape),
+                       dense)
         return Gradient("dense", dense.name, post_processed=found[dense] > 0,
-                        values_shape=_shape(dense))
+                        values_shape=_shape(dense), final_values=final.name)
+
+
+_ROW_WISE = frozenset({  # element-wise ops: row i of the output depends on row i of inputs only
+    "Identity", "Cast", "Neg", "Square", "Sqrt", "Rsqrt", "Abs", "Sign", "Reciprocal", "Exp",
+    "Log", "Log1p", "Tanh", "Sigmoid", "Relu", "Relu6", "Floor", "Ceil", "Round",
+    "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "AddV2", "Add", "Sub", "Pow",
+    "Maximum", "Minimum", "SquaredDifference", "ClipByValue", "CheckNumerics",
+    "StopGradient", "PreventGradient", "EnsureShape"})
+_ROW_SUMS = frozenset({"L2Loss", "Sum"})  # reductions that may sum over the rows
+_INDEX_PASS = frozenset({"Identity", "Cast"})
+
+
+def _entry(entries: Sequence[tf.Tensor], fits, raw: tf.Tensor) -> tf.Tensor:
+    """The tensor among an update's inputs that carries the (post-processed) gradient."""
+    if raw in entries:
+        return raw
+    matching = list(dict.fromkeys(t for t in entries if fits(t)))
+    return matching[0] if len(matching) == 1 else raw
+
+
+def _broadcasts_over_rows(other: tf.Tensor, rows: tf.Tensor) -> bool:
+    """`other` is the same for every row: lower rank than the rows, or one row."""
+    if other.dtype == tf.resource:
+        return False
+    shape = other.shape
+    if shape.rank is None or rows.shape.rank is None:
+        return False
+    return shape.rank < rows.shape.rank or shape[0] == 1
+
+
+def _inexact(var_op, op, why) -> str:
+    return (f"the gradient of {var_op.name!r} is post-processed by op {op.name!r} ({op.type}) "
+            f"in a way tfpar cannot reproduce exactly on the parameter servers: {why}. "
+            "Post-process sparse gradients with row-wise ops and sums over rows (scaling, "
+            "tf.clip_by_norm, tf.clip_by_global_norm), or train this variable with "
+            "tfpar.Config(run_mode='AR')")
 
 
 def _nearest(var_op, candidates: Dict[tf.Tensor, int], what: str, where: str) -> tf.Tensor:

@@ -113,7 +113,7 @@ def main(argv=None):
     try:
         scope = args.gradient_scope or DEFAULT_GRADIENT_SCOPE
         graph = load_graph(args.source)
-        analysis = analyse(graph, scope)
+        analysis = analyse(graph, scope, strict=args.command == "inspect")
         if args.command == "inspect":
             print(analysis.table())
             print(f"global step: {analysis.global_step or '-'}; "

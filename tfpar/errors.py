@@ -1,4 +1,6 @@
 """The one exception type tfpar raises for bad input or an unsupported request."""
+import dataclasses
+from typing import Iterable
 
 
 class TfparError(Exception):
@@ -7,3 +9,26 @@ class TfparError(Exception):
 
 class NotYetSupportedError(TfparError):
     """A valid request for a feature tfpar does not implement yet (never a silent fallback)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocker:
+    """One thing in a graph that tfpar cannot handle: what (a variable or op) and the fix."""
+
+    subject: str
+    message: str
+    not_yet: bool = False  # a valid request tfpar does not implement yet
+
+
+def raise_blockers(blockers: Iterable[Blocker]) -> None:
+    """Raises one error naming every blocker (so a user fixes them all in one go)."""
+    blockers = list(dict.fromkeys(blockers))
+    if not blockers:
+        return
+    if len(blockers) == 1:
+        message = blockers[0].message
+    else:
+        message = (f"tfpar cannot run this graph; {len(blockers)} problems:\n"
+                   + "\n".join(f"  {i}. {b.message}" for i, b in enumerate(blockers, 1)))
+    cls = NotYetSupportedError if all(b.not_yet for b in blockers) else TfparError
+    raise cls(message)

@@ -22,6 +22,10 @@ class GradientPlan:
     indices: Optional[str] = None
     scope: str = ""  # the optimizer's update name scope ("" for a lone op)
     ops: Tuple[str, ...] = ()  # the ops that write the variable and its slots
+    post_processed: bool = False  # clipping, scaling, ... between the raw gradient and update
+    final_values: Optional[str] = None  # what the update reads (None: `values`)
+    final_indices: Optional[str] = None  # likewise for `indices`
+    row_sums: Tuple[str, ...] = ()  # sparse post-processing sums over rows: summed over workers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +135,8 @@ class Plan:
     def from_dict(cls, d: dict) -> "Plan":
         variables = tuple(
             VariablePlan(**{**v, "shape": tuple(v["shape"]),
-                            "gradients": tuple(GradientPlan(**{**g, "ops": tuple(g["ops"])})
+                            "gradients": tuple(GradientPlan(**{**g, "ops": tuple(g["ops"]),
+                                                                 "row_sums": tuple(g.get("row_sums", ()))})
                                                for g in v["gradients"]),
                             "parts": tuple(PartPlan(**p) for p in v["parts"])})
             for v in d["variables"])

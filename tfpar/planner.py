@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 from tfpar import cost
 from tfpar.analysis import GraphAnalysis, VariableInfo
 from tfpar.config import Config
-from tfpar.errors import NotYetSupportedError, TfparError
+from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
 from tfpar.plan import GradientPlan, PartPlan, Plan, VariablePlan
 from tfpar.resources import Layout
 
@@ -38,21 +38,26 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
         mode = config.run_mode
     on_ps = {v.name for v in analysis.trained
              if mode == "PS" or (mode == "HYBRID" and v.kind == "sparse")}
+    blockers: List[Blocker] = list(analysis.blockers)
     parts = _parts(analysis, config, on_ps, len(layout.hosts), notes)
     variables = []
     for v in analysis.variables:
-        if v.name in on_ps:
-            variables.append(_ps_plan(v, config, n, parts[v.name]))
-        elif v.role == "slot" and v.slot_of in on_ps:
-            owner = analysis.variable(v.slot_of)
-            if v.shape[:1] != owner.shape[:1]:
-                raise NotYetSupportedError(
-                    f"slot {v.name!r} of {owner.name!r} has shape {list(v.shape)}, not the "
-                    "variable's rows: tfpar cannot split it with its variable")
-            variables.append(VariablePlan(route="ps", parts=parts[owner.name],
-                                          slot_of=owner.name, **_common(v)))
-        else:
-            variables.append(_variable_plan(v, config, n))
+        try:
+            if v.name in on_ps:
+                variables.append(_ps_plan(v, config, n, parts[v.name]))
+            elif v.role == "slot" and v.slot_of in on_ps:
+                owner = analysis.variable(v.slot_of)
+                if v.shape[:1] != owner.shape[:1]:
+                    raise NotYetSupportedError(
+                        f"slot {v.name!r} of {owner.name!r} has shape {list(v.shape)}, not the "
+                        "variable's rows: tfpar cannot split it with its variable")
+                variables.append(VariablePlan(route="ps", parts=parts[owner.name],
+                                              slot_of=owner.name, **_common(v)))
+            else:
+                variables.append(_variable_plan(v, config, n))
+        except TfparError as e:
+            blockers.append(Blocker(v.name, str(e), isinstance(e, NotYetSupportedError)))
+    raise_blockers(blockers)
     local_aggregation = bool(on_ps) and config.local_aggregation and len(layout.hosts) > 1
     if on_ps and config.local_aggregation and not local_aggregation:
         notes.append("one host: local aggregation off (its PS is the only one; workers push "
@@ -69,7 +74,11 @@ def _common(v: VariableInfo) -> dict:
 
 
 def _gradients(v: VariableInfo) -> Tuple[GradientPlan, ...]:
-    return tuple(GradientPlan(u.gradient.values, u.gradient.indices, u.scope, u.ops)
+    return tuple(GradientPlan(u.gradient.values, u.gradient.indices, u.scope, u.ops,
+                              post_processed=u.gradient.post_processed,
+                              final_values=u.gradient.final_values,
+                              final_indices=u.gradient.final_indices,
+                              row_sums=u.gradient.row_sums)
                  for u in v.updates)
 
 
@@ -89,11 +98,6 @@ def _variable_plan(v: VariableInfo, config: Config, n: int) -> VariablePlan:
 
 
 def _ps_plan(v: VariableInfo, config: Config, n: int, parts) -> VariablePlan:
-    if not v.resource:
-        raise NotYetSupportedError(
-            f"variable {v.name!r} is a reference variable (VariableV2); tfpar places only "
-            "resource variables on parameter servers: create it with use_resource=True, or "
-            "use tfpar.Config(run_mode='AR')")
     for u in v.updates:
         if v.kind == "sparse" and not any(t.startswith(_SPARSE_WRITERS_PREFIXES)
                                           for t in u.op_types):
@@ -102,11 +106,8 @@ def _ps_plan(v: VariableInfo, config: Config, n: int, parts) -> VariablePlan:
                 "update: its optimizer has no sparse apply, so every row would be written each "
                 "step. Use an optimizer with a sparse update (GradientDescent, Momentum, "
                 "Adagrad, Adam) or tfpar.Config(run_mode='AR')")
-        if u.gradient.post_processed:
-            raise NotYetSupportedError(
-                f"the gradient of {v.name!r} is post-processed (e.g. clipped) before its update; "
-                "tfpar cannot yet do that on the parameter servers: use run_mode='AR', or "
-                "clip only dense variables in HYBRID mode")
+        if u.gradient.inexact:
+            raise NotYetSupportedError(u.gradient.inexact)
     grads = _gradients(v)
     if v.kind == "sparse":
         values = _values_bytes(v)

@@ -45,7 +45,7 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     requested = parse_resources(resources)
     meta = to_meta_graph(graph)
     source_graph = graph if isinstance(graph, tf.Graph) else copy_graph(meta)
-    analysis = analyse(source_graph, config.gradient_scope)
+    analysis = analyse(source_graph, config.gradient_scope, strict=False)
 
     runtime.horovod()
     layout = reconcile(requested, runtime.current_layout())
@@ -120,9 +120,9 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
             cluster.abort(_reason(e))
         raise
     try:
-        session.run(init)
-        if ps is not None and rank == 0:
-            session.run(ps.init)
+        # One run, so an initial value that several initialisers read (a random one read
+        # by a PS part and by an EMA shadow of it) is drawn once.
+        session.run([init, ps.init] if ps is not None and rank == 0 else init)
         session.run(broadcast)
         if ps is not None:
             runtime.allgather_strings("initialised")  # no worker reads a PS part before this

@@ -36,10 +36,8 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                     values = graph.get_tensor_by_name(g.values)
                     n = plan.num_workers
                     if v.route == "allreduce":
-                        op = hvd.Average if v.reduction == "average" else hvd.Sum
-                        combined = {values: hvd.allreduce(values, op=op, name="allreduce")}
-                        if traffic is not None:
-                            traffic.add("allreduce", _nbytes(values) * (4.0 * (n - 1) / n))
+                        combined = {values: allreduce(values, v.reduction == "average", n,
+                                                      traffic)}
                     elif v.route == "allgather":
                         indices = graph.get_tensor_by_name(g.indices)
                         all_values = hvd.allgather(values, name="allgather_values")
@@ -57,6 +55,16 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                                                          if c.name.startswith(scope)])
                     replaced[old.name] = new.name
     return replaced
+
+
+def allreduce(values: tf.Tensor, average: bool, n: int,
+              traffic: Optional[Traffic] = None, name: str = "allreduce") -> tf.Tensor:
+    """Horovod allreduce of `values` (average or sum), its bytes counted in `traffic`."""
+    import horovod.tensorflow as hvd
+    out = hvd.allreduce(values, op=hvd.Average if average else hvd.Sum, name=name)
+    if traffic is not None:
+        traffic.add("allreduce", _nbytes(values) * (4.0 * (n - 1) / n))
+    return out
 
 
 def _nbytes(t: tf.Tensor) -> tf.Tensor:

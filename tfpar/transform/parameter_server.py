@@ -4,11 +4,16 @@ Per step, for each such variable (synchronous, as single-device training):
 
 1. forward: the worker reads only the rows it needs: the unique ids of each lookup are
    split by part and gathered on the part's PS (a dense read pulls the whole part);
-2. its gradient is combined on the worker (duplicate ids summed), split by part and pushed
-   into accumulators (SUM) on the PS tasks: into the host's local accumulator when local
-   aggregation is on, whose sum the host's first worker forwards to the owning PS;
-3. the chief takes each part's sum, scales it for averaging, and runs a copy of the user's
-   own optimizer update ops on the part (its variable and slot parts), on the PS;
+2. the worker scales its gradient to its share of the single-device gradient (1/N for
+   averaging) and runs the user's post-processing (clipping, scaling) on it, with every sum
+   over the gradient's rows (a global norm's L2Loss) summed over workers first; the result,
+   what the update reads, is combined on the worker (duplicate ids summed), split by part
+   and pushed into accumulators (SUM) on the PS tasks: into the host's local accumulator
+   when local aggregation is on, whose sum the host's first worker forwards to the owner.
+   A dense gradient that is post-processed (PS mode) is averaged by allreduce first, so the
+   chief post-processes the whole gradient itself and nothing is pushed;
+3. the chief takes each part's sum and runs a copy of the user's own optimizer update ops
+   on the part (its variable and slot parts), on the PS;
 4. then it puts one token in every other worker's queue; a worker ends its step by taking
    its token, so step k+1 always reads what step k wrote.
 
@@ -23,15 +28,16 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from tfpar.analysis import FUNCTIONAL, WRITES
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
 from tfpar.transform import surgery
 from tfpar.transform.traffic import Traffic
 
 PS_VARIABLES = "tfpar_ps_variables"  # collection of the part variables (the chief initialises)
-_DEAD_CONSUMERS = ("VarIsInitializedOp", "DestroyResourceOp")
-# The Saver that importing a MetaGraphDef adds; checkpoints of PS parts are not done yet.
-_SAVER_SCOPE = re.compile(r"^save(_\d+)?/")
+_DEAD_CONSUMERS = ("VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitialized",
+                   "DisableCopyOnRead")
+_GATHERS = ("GatherV2", "Gather")
 
 
 def ps_device(task: int) -> str:
@@ -77,6 +83,10 @@ class _Rewriter:
         self.replaced: Dict[str, tf.Tensor] = {}
         self.reads: Dict[str, tf.Tensor] = {}
         self.pushes: Dict[str, tf.Variable] = {}
+        self.final: Dict[tuple, tf.Tensor] = {}  # (variable, update) -> values the update reads
+        self.final_indices: Dict[tuple, tf.Tensor] = {}
+        self.combined_first = set()  # (variable, update): dense, averaged before post-processing
+        self.collectives: List[tf.Tensor] = []  # every worker runs these each step
 
     # -- main --------------------------------------------------------------------------------
     def run(self) -> PsRewrite:
@@ -84,16 +94,13 @@ class _Rewriter:
             originals = {v.op.name: v for v in self.g.get_collection(
                 tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
             for v in self.ps_vars:
-                if len(v.gradients) != 1:
-                    raise NotYetSupportedError(
-                        f"variable {v.name!r} has {len(v.gradients)} optimizer updates; tfpar "
-                        "puts a variable with one update on the parameter servers")
                 for p in [v] + self.slots[v.name]:
                     self._make_parts(p, originals)
             for v in self.ps_vars:
                 scope_ops = self._update_ops(v)
                 for p in [v] + self.slots[v.name]:
                     self._rewire_consumers(p, originals, scope_ops)
+            self._prepare_gradients()
             with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/"):
                 step_var = tf.compat.v1.get_local_variable(
                     "tfpar/sync/step", shape=[], dtype=tf.int64, use_resource=True,
@@ -116,14 +123,18 @@ class _Rewriter:
         if orig is None:
             raise TfparError(f"variable {v.name!r} is not in the graph's global variables")
         init_value = self.g.get_tensor_by_name(orig.initial_value.name)
+        resource = self.g.get_operation_by_name(v.name).type == "VarHandleOp"
         parts = []
         for k, part in enumerate(v.parts):
             with tf.device(self.worker):
                 value = init_value if part.stop is None else init_value[part.start:part.stop]
+            # A reference variable's parts are reference variables: its update ops (Apply*,
+            # Scatter*, Assign*) are copied onto them as they are.
             with tf.device(ps_device(part.ps_task)):
                 parts.append(tf.compat.v1.Variable(
                     value, name=f"{self.prefix}/ps/{v.name}/part_{k}", trainable=False,
-                    use_resource=True, collections=[PS_VARIABLES], dtype=orig.dtype.base_dtype))
+                    use_resource=resource, collections=[PS_VARIABLES],
+                    dtype=orig.dtype.base_dtype))
         self.parts[v.name] = parts
         # The original no longer exists anywhere: keep it out of initialisers and savers.
         for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
@@ -140,56 +151,107 @@ class _Rewriter:
                 values.append(var.read_value())
         return values[0] if len(values) == 1 else tf.concat(values, 0)
 
-    def _update_ops(self, v: VariablePlan) -> List[tf.Operation]:
-        g = v.gradients[0]
+    def _update_ops(self, v: VariablePlan, i: int = None) -> List[tf.Operation]:
+        """The ops of update `i` of `v` (all its updates when i is None)."""
+        if i is None:
+            return [op for j in range(len(v.gradients)) for op in self._update_ops(v, j)]
+        g = v.gradients[i]
         if g.scope:
             return [op for op in self.g.get_operations() if op.name.startswith(g.scope)]
         return [self.g.get_operation_by_name(n) for n in g.ops]
 
     # -- forward -------------------------------------------------------------------------------
     def _rewire_consumers(self, v: VariablePlan, originals, update_ops):
+        """Every read of the original variable now reads its parts on the PS."""
         var_op = self.g.get_operation_by_name(v.name)
         handle = var_op.outputs[0]
         skip = set(update_ops)
         initializer = originals[v.name].initializer
+        whole = []  # the whole value, read once per step where needed
+
+        def read_whole():
+            if not whole:
+                with tf.device(self.worker), \
+                        tf.compat.v1.name_scope(f"tfpar/{_safe(v.name)}/read/"):
+                    t = self._read_whole(v)
+                    whole.append(self.traffic.counted("ps_pull", t, _nbytes(t)))
+            return whole[0]
+
+        def shape_of(op):
+            with tf.device(self.worker):
+                return tf.constant(list(v.shape), dtype=op.get_attr("out_type"))
+
         for c in list(handle.consumers()):
             if (c in skip or c is initializer or c.type in _DEAD_CONSUMERS
-                    or _SAVER_SCOPE.match(c.name)):
-                continue
+                    or c.type in WRITES):
+                continue  # writes outside the update: the saver's restore (see checkpoint)
             scope = f"tfpar/{_safe(v.name)}/{c.type}/"
-            with tf.device(self.worker), tf.compat.v1.name_scope(scope):
-                if c.type == "ResourceGather":
-                    new = self._gather(v, c)
-                elif c.type == "ReadVariableOp":
-                    new = self._read_whole(v)
-                    new = self.traffic.counted("ps_pull", new, _nbytes(new))
-                elif c.type == "VariableShape":
-                    new = tf.constant(list(v.shape), dtype=c.get_attr("out_type"))
-                else:
-                    raise NotYetSupportedError(
-                        f"variable {v.name!r} is used by op {c.name!r} ({c.type}); tfpar cannot "
-                        "yet move such a use to the parameter servers: use run_mode='AR'")
-            old = c.outputs[0]
-            surgery.replace_uses(old, new)
-            self.replaced[old.name] = new
+            if c.type in ("ResourceGather",) + _GATHERS and c.inputs[0] is handle:
+                self._replace(c.outputs[0], self._gather(v, c, scope))
+            elif c.type == "ReadVariableOp":
+                self._replace(c.outputs[0], read_whole())
+            elif c.type == "VariableShape":
+                self._replace(c.outputs[0], shape_of(c))
+            elif c.type in ("Identity", "RefIdentity") and not self._resource(v):
+                # A reference variable's read (`var/read`): lookups through it gather rows,
+                # its shape is static, anything else reads the whole value.
+                read = c.outputs[0]
+                for x in list(read.consumers()):
+                    if x.type in _GATHERS and x.inputs[0] is read:
+                        self._replace(x.outputs[0], self._gather(
+                            v, x, f"tfpar/{_safe(v.name)}/{x.type}/"))
+                    elif x.type == "Shape":
+                        self._replace(x.outputs[0], shape_of(x))
+                    else:
+                        for i, t in enumerate(x.inputs):
+                            if t is read:
+                                surgery.replace_input(x, i, read_whole())
+                self.replaced[read.name] = read_whole()
+            elif not self._resource(v) and c.type not in FUNCTIONAL:
+                for i, t in enumerate(c.inputs):  # e.g. the saver's SaveV2 reading the ref
+                    if t is handle:
+                        surgery.replace_input(c, i, read_whole())
+            else:
+                raise NotYetSupportedError(
+                    f"variable {v.name!r} is used by op {c.name!r} ({c.type}); tfpar cannot "
+                    "yet move such a use to the parameter servers: use run_mode='HYBRID' (if "
+                    "the variable is dense) or run_mode='AR'")
 
-    def _gather(self, v: VariablePlan, op: tf.Operation) -> tf.Tensor:
-        if op.get_attr("batch_dims") != 0:
+    def _resource(self, v: VariablePlan) -> bool:
+        return self.g.get_operation_by_name(v.name).type == "VarHandleOp"
+
+    def _replace(self, old: tf.Tensor, new: tf.Tensor):
+        surgery.replace_uses(old, new)
+        self.replaced[old.name] = new
+
+    def _gather(self, v: VariablePlan, op: tf.Operation, scope: str) -> tf.Tensor:
+        """Rows of `v` that a lookup needs, from the parts that hold them."""
+        if op.type == "ResourceGather" and op.get_attr("batch_dims") != 0:
             raise NotYetSupportedError(f"{op.name}: a gather with batch_dims on a PS variable")
-        ids = op.inputs[1]
-        uniq, idx = tf.unique(tf.reshape(ids, [-1]))
-        ranges, placed = self._split(v, uniq)
-        rows = []
-        for var, part, (local_ids, _) in zip(self.parts[v.name], v.parts, ranges):
-            with tf.device(ps_device(part.ps_task)):
-                rows.append(tf.raw_ops.ResourceGather(resource=var.handle, indices=local_ids,
-                                                      dtype=op.get_attr("dtype")))
-        stitched = rows[0] if placed is None else tf.dynamic_stitch(placed, rows)
-        # Counted when the lookup runs: the rows come back and the ids went out.
-        stitched = self.traffic.counted("ps_pull", stitched, _nbytes(stitched) + _nbytes(uniq))
-        out = tf.gather(stitched, idx)
-        out = tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], 0))
-        out.set_shape(op.outputs[0].shape)
+        if op.type == "GatherV2" and (tf.get_static_value(op.inputs[2]) != 0
+                                      or op.get_attr("batch_dims") != 0):
+            raise NotYetSupportedError(f"{op.name}: a gather along another axis than the rows "
+                                       "of a PS variable")
+        with tf.device(self.worker), tf.compat.v1.name_scope(scope):
+            ids = op.inputs[1]
+            uniq, idx = tf.unique(tf.reshape(ids, [-1]))
+            ranges, placed = self._split(v, uniq)
+            rows = []
+            for var, part, (local_ids, _) in zip(self.parts[v.name], v.parts, ranges):
+                with tf.device(ps_device(part.ps_task)):
+                    if self._resource(v):
+                        rows.append(tf.raw_ops.ResourceGather(resource=var.handle,
+                                                              indices=local_ids,
+                                                              dtype=var.dtype.base_dtype))
+                    else:
+                        rows.append(tf.gather(var, local_ids))
+            stitched = rows[0] if placed is None else tf.dynamic_stitch(placed, rows)
+            # Counted when the lookup runs: the rows come back and the ids went out.
+            stitched = self.traffic.counted("ps_pull", stitched,
+                                            _nbytes(stitched) + _nbytes(uniq))
+            out = tf.gather(stitched, idx)
+            out = tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], 0))
+            out.set_shape(op.outputs[0].shape)
         return out
 
     def _split(self, v: VariablePlan, ids: tf.Tensor, values: Optional[tf.Tensor] = None):
@@ -212,21 +274,67 @@ class _Rewriter:
             self.traffic.add("ps_push", _nbytes(t))
 
     # -- gradients -------------------------------------------------------------------------------
+    def _prepare_gradients(self):
+        """Makes what each worker pushes its exact share of what the update reads.
+
+        Sparse: the raw values are scaled to this worker's share of the single-device
+        gradient (1/N for averaging), and every sum over their rows in the post-processing
+        (e.g. a global norm) is summed over workers, so scalars such as a clipping factor
+        are the single-device ones. Dense and post-processed (PS mode): averaged by
+        allreduce before the post-processing, so every worker holds the final gradient.
+        """
+        from tfpar.transform.allreduce import allreduce
+        n = self.plan.num_workers
+        for v in self.ps_vars:
+            for i, g in enumerate(v.gradients):
+                key = (v.name, i)
+                raw = self.g.get_tensor_by_name(g.values)
+                final = self.g.get_tensor_by_name(g.final_values or g.values)
+                scope = f"tfpar/gradient/{_safe(v.name)}_{i}/"
+                new = raw
+                with tf.device(self.worker), tf.compat.v1.name_scope(scope):
+                    if g.indices is None and (g.post_processed or self._read_elsewhere(v, i, raw)):
+                        if n > 1:
+                            new = allreduce(raw, v.reduction == "average", n, self.traffic)
+                            self.collectives.append(new)
+                        self.combined_first.add(key)
+                    elif v.reduction == "average" and n > 1:
+                        new = raw * tf.constant(1.0 / n, raw.dtype)
+                if new is not raw:
+                    surgery.replace_uses(raw, new, keep=[new.op])
+                self.final[key] = new if final is raw else final
+                if g.indices is not None:
+                    self.final_indices[key] = self.g.get_tensor_by_name(
+                        g.final_indices or g.indices)
+                for name in g.row_sums if n > 1 else ():
+                    partial = self.g.get_tensor_by_name(name)
+                    with tf.device(self.worker), tf.compat.v1.name_scope(scope + "row_sum/"):
+                        total = allreduce(partial, False, n, self.traffic)
+                    surgery.replace_uses(partial, total, keep=[total.op])
+                    self.collectives.append(total)
+
+    def _read_elsewhere(self, v: VariablePlan, i: int, raw: tf.Tensor) -> bool:
+        """Whether ops other than the update read a dense gradient (then they need it whole)."""
+        update = set(self._update_ops(v, i))
+        return any(c not in update for c in raw.consumers())
+
     def _sync(self, step: tf.Tensor, step_var) -> tf.Operation:
         """Pushes, (local chief) forwards, (chief) applies and tokens: one synchronous step."""
         route = _Route.of(self.plan, self.rank)
         pushes, forwards, owned = [], [], []
         for v in self.ps_vars:
-            for k, part, accum, push, forward in self._push_gradient(v, step, route):
-                pushes.append(push)
-                forwards.extend([forward] if forward is not None else [])
-                owned.append((v, k, part, accum))
-        with tf.control_dependencies(pushes + forwards):
+            for i in range(len(v.gradients)):
+                for k, part, accum, push, forward in self._push_gradient(v, i, step, route):
+                    pushes.extend([push] if push is not None else [])
+                    forwards.extend([forward] if forward is not None else [])
+                    owned.append((v, i, k, part, accum))
+        with tf.control_dependencies(pushes + forwards + self.collectives):
             after_push = tf.no_op(name="tfpar/sync/pushed")
         if route.chief:
             with tf.control_dependencies([after_push]):
-                applied = [self._apply(v, k, part, _take(accum, route.global_pushers))
-                           for v, k, part, accum in owned]
+                applied = [self._apply(v, i, k, part,
+                                       None if accum is None else _take(accum, route.global_pushers))
+                           for v, i, k, part, accum in owned]
             with tf.control_dependencies(applied), tf.compat.v1.name_scope("tfpar/sync/release/"):
                 released = [_release(self.prefix, j, self.plan.host_of_rank(j), step)
                             for j in range(1, self.plan.num_workers)]
@@ -240,16 +348,22 @@ class _Rewriter:
         self._replace_updates(done)
         return done
 
-    def _push_gradient(self, v: VariablePlan, step, route: "_Route"):
-        """This worker's gradient of `v`, deduplicated, split by part and pushed.
+    def _push_gradient(self, v: VariablePlan, i: int, step, route: "_Route"):
+        """This worker's share of what update `i` of `v` reads, deduplicated, split by part
+        and pushed.
 
-        Yields (k, part, owner's accumulator, push op, forward op or None) per part.
+        Yields (k, part, owner's accumulator, push op, forward op or None) per part; no
+        accumulator and no push for a gradient every worker already holds whole.
         """
-        grad = v.gradients[0]
-        values = self.g.get_tensor_by_name(grad.values)
-        indices = self.g.get_tensor_by_name(grad.indices) if grad.indices else None
+        key = (v.name, i)
+        if key in self.combined_first:
+            for k, part in enumerate(v.parts):
+                yield k, part, None, None, None
+            return
+        values = self.final[key]
+        indices = self.final_indices.get(key)
         sparse = indices is not None
-        name = _safe(v.name)
+        name = _safe(v.name) + (f"/update_{i}" if i else "")
         with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
             if sparse:
                 uniq, idx = tf.unique(tf.cast(indices, tf.int64))
@@ -269,7 +383,7 @@ class _Rewriter:
                                          f"{route.host}", sparse)
                     push = _push(local, ids, vals, shape, step)
                 else:
-                    push = self._global_push(v, k, accum, ids, vals, shape, step)
+                    push = self._global_push(v, i, k, accum, ids, vals, shape, step)
                 self._count_push(*([vals] if ids is None else [vals, ids]))
             if route.aggregate and route.local_chief:
                 with tf.device(ps_device(route.host)), tf.control_dependencies([push]), \
@@ -277,48 +391,55 @@ class _Rewriter:
                     host_sum = _take(local, route.local_workers)
                     ids_f, vals_f = ((host_sum.indices, host_sum.values) if sparse
                                      else (None, host_sum))
-                    forward = self._global_push(v, k, accum, ids_f, vals_f, shape, step)
+                    forward = self._global_push(v, i, k, accum, ids_f, vals_f, shape, step)
                     self._count_push(*([vals_f] if ids_f is None else [vals_f, ids_f]))
             yield k, part, accum, push, forward
 
-    def _global_push(self, v, k, accum, ids, vals, shape, step) -> tf.Operation:
+    def _global_push(self, v, i, k, accum, ids, vals, shape, step) -> tf.Operation:
         """A push to the PS that owns the part, counted there (see `PsRewrite.pushes`)."""
         push = _push(accum, ids, vals, shape, step)
-        counter = self._push_counter(v, k)
+        counter = self._push_counter(v, k, i)
         with tf.control_dependencies([push]), tf.device(counter.device):
             return counter.assign_add(1, read_value=False)
 
-    def _push_counter(self, v: VariablePlan, k: int) -> tf.Variable:
-        key = f"{v.name}/part_{k}"
+    def _push_counter(self, v: VariablePlan, k: int, i: int = 0) -> tf.Variable:
+        key = f"{v.name}/part_{k}" + (f"/update_{i}" if i else "")
         if key not in self.pushes:
             # control_dependencies(None): the counter's initializer must not wait for a push.
             with tf.control_dependencies(None), tf.device(ps_device(v.parts[k].ps_task)):
                 self.pushes[key] = tf.compat.v1.Variable(
-                    tf.constant(0, tf.int64), name=f"{self.prefix}/pushes/{_safe(v.name)}/part_{k}",
+                    tf.constant(0, tf.int64), name=f"{self.prefix}/pushes/{_safe(key)}",
                     trainable=False, use_resource=True, collections=[PS_VARIABLES])
         return self.pushes[key]
 
-    def _apply(self, v: VariablePlan, k: int, part: PartPlan, taken) -> tf.Operation:
-        """The user's optimizer update, copied onto part k of `v` and its slots."""
-        grad = v.gradients[0]
-        n = self.plan.num_workers
+    def _apply(self, v: VariablePlan, i: int, k: int, part: PartPlan, taken) -> tf.Operation:
+        """The user's optimizer update `i`, copied onto part k of `v` and its slots.
+
+        `taken`: the sum of the workers' pushes (what the update reads), or None when this
+        worker holds the whole final gradient itself (dense, combined before post-processing).
+        """
+        g = v.gradients[i]
+        key = (v.name, i)
         device = ps_device(part.ps_task)
-        name = _safe(v.name)
-        with tf.device(device), tf.compat.v1.name_scope(f"tfpar/apply/{name}/part_{k}/scale/"):
-            values = taken if grad.indices is None else taken.values
-            if v.reduction == "average":
-                values = values * tf.constant(1.0 / n, values.dtype)
-        mapping = {self.g.get_tensor_by_name(grad.values): values}
-        if grad.indices:
-            orig_indices = self.g.get_tensor_by_name(grad.indices)
+        name = _safe(v.name) + (f"/update_{i}" if i else "")
+        mapping = {}
+        final = self.final[key]
+        if taken is not None:
+            mapping[final] = taken if g.indices is None else taken.values
+        elif part.stop is not None:
+            raise NotYetSupportedError(f"{v.name!r}: a whole dense gradient for a part")
+        if g.indices and taken is not None:
+            orig_indices = self.final_indices[key]
             with tf.device(device):
                 mapping[orig_indices] = tf.cast(taken.indices, orig_indices.dtype)
         for p in [v] + self.slots[v.name]:
             handle = self.g.get_operation_by_name(p.name).outputs[0]
-            mapping[handle] = self.parts[p.name][k].handle
-        ops = self._update_ops(v)
+            part_var = self.parts[p.name][k]
+            mapping[handle] = part_var.handle if self._resource(p) else part_var.op.outputs[0]
+        ops = self._update_ops(v, i)
         used = {t for op in ops for t in op.inputs}
-        missing = [t.name for t in mapping if t not in used and t.dtype != tf.resource]
+        missing = [t.name for t in mapping if t not in used and t.dtype.base_dtype != tf.resource
+                   and not t.dtype._is_ref_dtype]  # pylint: disable=protected-access
         if missing:
             raise NotYetSupportedError(
                 f"the update of {v.name!r} does not read its gradient {', '.join(missing)} "
@@ -326,12 +447,12 @@ class _Rewriter:
 
         def device_of(op, inputs):
             for t in inputs:
-                if t.dtype == tf.resource:
+                if t.dtype == tf.resource or t.dtype._is_ref_dtype:  # pylint: disable=protected-access
                     return t.op.device or device
             return device
 
         copies = surgery.clone_ops(ops, mapping, f"tfpar/apply/{name}/part_{k}/", device_of,
-                                   strip_prefix=grad.scope)
+                                   strip_prefix=g.scope)
         sinks = [c for o, c in copies.items()
                  if not any(x in copies for t in o.outputs for x in t.consumers())
                  and not any(o in x.control_inputs for x in copies)]

@@ -25,6 +25,11 @@ def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Iterable[tf.Operation] = 
     return count
 
 
+def replace_input(op: tf.Operation, index: int, new: tf.Tensor) -> None:
+    """Makes input `index` of `op` read `new`."""
+    op._update_input(index, new)  # pylint: disable=protected-access
+
+
 def set_device(op: tf.Operation, device: str) -> None:
     """Places an existing op."""
     op._set_device(device)  # pylint: disable=protected-access
