@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create or refresh tfpar's virtual environment (.venv) with the pinned stack:
-# Python 3.11, tensorflow-cpu 2.18.1, horovod 0.28.1 compiled with Gloo, numpy, protobuf, pytest.
+# Python 3.11, tensorflow-cpu 2.18.1, tf-keras 2.18.0, horovod 0.28.1 compiled with Gloo, numpy,
+# protobuf, pytest.
 #
 # Horovod is source-only and links the TensorFlow it was compiled against, so the compiled
 # wheel is cached under $TFPAR_CACHE keyed by the exact TF version; a fresh venv then
@@ -45,11 +46,15 @@ for spec in sys.argv[1:]:
 PYEOF
 }
 
-if ! have "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4; then
+if ! have "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4 \
+     "tf-keras==$TF_VERSION"; then
   log "installing TensorFlow $TF_VERSION and test tools"
   "$PY" -m pip install -q --upgrade pip setuptools wheel packaging
   "$PY" -m pip install -q "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 \
       pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4
+  # Keras 2 for TF1-style scripts: tf.compat.v1.layers and tf.compat.v1.nn.rnn_cell need it
+  # on TF >= 2.16 (tfpar selects it on import; see tfpar/__init__.py).
+  "$PY" -m pip install -q --no-deps "tf-keras==$TF_VERSION"
 fi
 
 if ! have "horovod==$HVD_VERSION" || ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then

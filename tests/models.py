@@ -18,7 +18,8 @@ OPTIMIZERS = {
 
 
 def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=True,
-          init_seed=None, batch=None, emb_partitions=None, shared_embedding=False):
+          init_seed=None, batch=None, emb_partitions=None, shared_embedding=False,
+          scale_sparse=False, clip_by_norm=None, second_update=False, ema=False):
     """An MLP (optionally with an embedding input) and its training step.
 
     emb_partitions: make the embedding (PS_VOCAB rows) a partitioned variable of that many
@@ -27,6 +28,12 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     Returns (graph, handles) where handles has x, y, ids (or None), loss, train_op.
     `init_seed` seeds the random initialisers (different seeds per worker show the broadcast).
     A summed loss gets a 16x smaller learning rate, so it trains instead of diverging.
+    Post-processing as real scripts do it: clip: tf.clip_by_global_norm over all gradients
+    (handles["norm"] is the raw global norm); scale_sparse: every IndexedSlices gradient's
+    values times a tensor computed in the graph (from the global step); clip_by_norm:
+    tf.clip_by_norm of every sparse gradient. second_update: a second optimizer also
+    trains `shared` (two updates of one variable). ema: an ExponentialMovingAverage of every
+    trained variable, applied after the training step.
     """
     g = tf.Graph()
     with g.as_default():
@@ -60,12 +67,38 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
         opt = OPTIMIZERS[optimizer](1.0 if reduce == "mean" else 1.0 / 16)
         step = tf1.train.get_or_create_global_step()
         grads_and_vars = opt.compute_gradients(loss)
+        norm = None
+        if scale_sparse:
+            factor = 1.5 + 0.25 * tf.cast(step, tf.float32)
+            grads_and_vars = [(tf.IndexedSlices(g.values * factor, g.indices, g.dense_shape)
+                               if isinstance(g, tf.IndexedSlices) else g, v)
+                              for g, v in grads_and_vars]
+        if clip_by_norm is not None:
+            grads_and_vars = [(tf.clip_by_norm(g, clip_by_norm)
+                               if isinstance(g, tf.IndexedSlices) else g, v)
+                              for g, v in grads_and_vars]
         if clip is not None:
             grads, variables = zip(*grads_and_vars)
-            grads, _ = tf.clip_by_global_norm(grads, clip)
+            grads, norm = tf.clip_by_global_norm(grads, clip)
             grads_and_vars = list(zip(grads, variables))
-        train_op = opt.apply_gradients(grads_and_vars, global_step=step)
-    return g, dict(x=x, y=y, ids=ids, loss=loss, train_op=train_op)
+        if second_update:
+            # Both updates run after every read of the step (as in a script that computes
+            # all gradients first), so the single-device result does not depend on a race.
+            aux = tf.reduce_mean(tf.square(tf.nn.embedding_lookup(shared, (ids + 2) % SHARED_VOCAB)))
+            opt2 = tf1.train.AdagradOptimizer(0.05)
+            aux_grads = opt2.compute_gradients(aux, var_list=[shared])
+            reads = [getattr(g, "values", g) for g, _ in grads_and_vars + aux_grads] + [loss]
+            with tf.control_dependencies(reads):
+                first = opt.apply_gradients(grads_and_vars, global_step=step)
+            with tf.control_dependencies([first]):  # two unlocked updates of one variable
+                train_op = opt2.apply_gradients(aux_grads)  # would race on one device too
+        else:
+            train_op = opt.apply_gradients(grads_and_vars, global_step=step)
+        if ema:
+            averages = tf1.train.ExponentialMovingAverage(0.9)
+            with tf.control_dependencies([train_op]):
+                train_op = averages.apply(tf1.trainable_variables())
+    return g, dict(x=x, y=y, ids=ids, loss=loss, train_op=train_op, norm=norm)
 
 
 def batches(steps, global_batch, seed=0, vocab=None):

@@ -22,11 +22,15 @@ def single_device(scenario, n, init):
             sess.run(tf.compat.v1.global_variables_initializer())
             for v in variables:
                 v.load(init[v.op.name], sess)
-            losses = []
+            losses, norms = [], []
             for x, y, ids in models.batches(scenario["steps"], scenario["batch"] * n,
                                             vocab=scenario.get("vocab")):
-                loss, _ = sess.run([h["loss"], h["train_op"]], feed_dict=models.feed(h, x, y, ids))
-                losses.append(loss)
+                fetches = [h["loss"], h["train_op"]] + ([h["norm"]] if h.get("norm") is not None
+                                                        else [])
+                out = sess.run(fetches, feed_dict=models.feed(h, x, y, ids))
+                losses.append(out[0])
+                norms.extend(out[2:])
+            single_device.norms = norms  # the raw global norms, for tests of clipping
             return models.variable_values(sess, graph), losses
 
 
@@ -48,4 +52,8 @@ def check(out_dir, scenario, n):
     moved = [k for k in names if not np.allclose(expected[k], init0[k])]
     assert "w1" in moved and "global_step" in moved
     assert int(expected["global_step"]) == scenario["steps"]
+    clip = scenario["model"].get("clip")
+    if clip is not None:  # the clip was active at every step: raw norm above the threshold
+        assert len(single_device.norms) == scenario["steps"]
+        assert min(single_device.norms) > clip, single_device.norms
     return ranks

@@ -12,8 +12,18 @@ Public surface:
   Config, Plan, Runner, TfparError, NotYetSupportedError
   analyse(graph) -> GraphAnalysis (what tfpar sees in a graph; no cluster needed)
 """
-from tfpar.analysis import GraphAnalysis, analyse
-from tfpar.config import Config
+import importlib.util as _importlib_util
+import os as _os
+
+# TF1-style scripts build layers with tf.compat.v1.layers and tf.compat.v1.nn.rnn_cell, which
+# TensorFlow >= 2.16 offers only with Keras 2 (the tf-keras package). TensorFlow picks its
+# Keras on first use, so selecting Keras 2 here works for any script that imports tfpar
+# before it builds a layer; a user's own TF_USE_LEGACY_KERAS setting wins.
+if _importlib_util.find_spec("tf_keras") is not None:
+    _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+from tfpar.analysis import GraphAnalysis, analyse  # noqa: E402
+from tfpar.config import Config  # noqa: E402
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.partition.partitioner import partitioner
 from tfpar.plan import Plan

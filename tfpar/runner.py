@@ -4,11 +4,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Dict, Optional
+import os
+import re
+from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from tfpar import partition, runtime
+from tfpar import checkpoint, partition, runtime
 from tfpar.analysis import analyse
 from tfpar.config import Config
 from tfpar.errors import TfparError
@@ -97,6 +99,7 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
     host = layout.hosts[layout.host_of_rank(rank)]
     session_config = runtime.session_config(config.session_config, host.gpus)
     rewritten = copy_graph(with_shard_values(meta, hvd.size(), rank))
+    entries = checkpoint.entries_of(rewritten)  # the single-device model's variables
     cluster = ps = None
     if plan.num_ps:
         from tfpar.cluster import get_cluster  # only PS jobs start servers
@@ -131,7 +134,11 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
         if cluster:
             cluster.abort(_reason(e))
         raise
-    return Runner(session, rewritten, plan, rank, hvd.size(), source, ps, trial=trial)
+    local = {v.op.name: v for v in rewritten.get_collection(
+        tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+    assigner = checkpoint.Assigner(rewritten, local, ps.parts if ps is not None else {})
+    return Runner(session, rewritten, plan, rank, hvd.size(), source, ps, trial=trial,
+                  broadcast=broadcast, entries=entries, assigner=assigner)
 
 
 def _reason(e: BaseException) -> str:
@@ -167,8 +174,13 @@ class Runner:
     """
 
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
-                 source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False):
+                 source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
+                 broadcast=None, entries=(), assigner=None):
         self._session = session
+        self._broadcast = broadcast
+        self._entries = tuple(entries)
+        self._assigner = assigner
+        self._session_view = None
         self._trial = trial
         self._ps = ps
         self._replaced = dict(ps.replaced) if ps is not None else {}
@@ -179,13 +191,91 @@ class Runner:
         self._num_workers = num_workers
         self._source = source_graph
         self._reads: Dict[str, tf.Tensor] = dict(ps.reads) if ps is not None else {}
+        self._saves = 0
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
     num_workers = property(lambda self: self._num_workers, doc="How many workers the job has.")
     is_chief = property(lambda self: self._worker_id == 0, doc="Whether this is worker 0.")
     plan = property(lambda self: self._plan, doc="What tfpar decided (a printable tfpar.Plan).")
     graph = property(lambda self: self._graph, doc="The rewritten graph this runner executes.")
-    session = property(lambda self: self._session, doc="The underlying tf.compat.v1.Session.")
+
+    @property
+    def session(self):
+        """A session on the rewritten graph, for a `tf.compat.v1.train.Saver` of the user's
+        graph: `saver.save(runner.session, path)` writes the single-device checkpoint (PS
+        parts read whole); `saver.restore(runner.session, path)` runs `Runner.restore` (so
+        every worker must call it). Anything else runs as on the underlying session."""
+        if self._session is None:
+            raise TfparError("this tfpar Runner is closed")
+        if self._session_view is None:
+            self._session_view = _SessionView(self)
+        return self._session_view
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def save(self, path: str, global_step: Optional[int] = None,
+             max_to_keep: Optional[int] = 5) -> Optional[str]:
+        """Writes the single-device model's checkpoint at `path-<step>` (chief only).
+
+        Every global variable of the user's graph under its original name and full shape:
+        parameter-server parts put back together, slots, moving averages, the global step.
+        The user's graph restores it with a plain `tf.compat.v1.train.Saver`. The write is
+        atomic (a killed save leaves the previous checkpoint readable) and only the newest
+        `max_to_keep` checkpoints of the folder are kept (None: all). The step is the graph's
+        global step unless given. Returns the prefix written; on other workers it writes
+        nothing and returns None.
+        """
+        if self._session is None:
+            raise TfparError("this tfpar Runner is closed")
+        if not self.is_chief:
+            return None
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise TfparError(f"cannot save to {path!r}: folder {folder!r} does not exist")
+        if global_step is None:
+            step_name = self._plan.global_step
+            global_step = (int(self._session.run(self._read(step_name))) if step_name
+                           else self._saves)
+        self._saves += 1
+        prefix = f"{path}-{int(global_step)}"
+        values = self._session.run([self._read(e.name) for e in self._entries])
+        checkpoint.write(prefix, self._entries, values)
+        checkpoint.record(prefix, max_to_keep)
+        return prefix
+
+    def restore(self, path: str, variables: Optional[Sequence[str]] = None) -> str:
+        """Sets the model from a checkpoint of the single-device model (one Runner.save or
+        a Saver of the user's graph wrote, in any mode, worker count or partition count).
+
+        Every worker must call it (it ends with a broadcast from the chief). `path`: a
+        prefix, or a folder (its latest checkpoint). `variables`: restore only these
+        variable names (default: all). Either every variable is restored or, when the
+        checkpoint lacks one or has another shape, none is and a TfparError says which.
+        Returns the prefix restored.
+        """
+        if self._session is None:
+            raise TfparError("this tfpar Runner is closed")
+        entries = self._entries
+        if variables is not None:
+            wanted = set(variables)
+            entries = tuple(e for e in entries if e.name in wanted)
+        status, values, prefix = "", None, ""
+        if self.is_chief:
+            try:
+                prefix = checkpoint.resolve(path)
+                values = checkpoint.read(prefix, entries)
+            except (TfparError, tf.errors.OpError) as e:
+                status = f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
+        everyone = runtime.allgather_strings(status + "\0" + prefix)  # also a barrier
+        status, prefix = everyone[0].split("\0", 1)
+        if status:
+            raise TfparError(f"restore from {path!r} failed on the chief: {status}")
+        if self.is_chief:
+            ops, feeds = self._assigner.assign_ops(entries, values)
+            self._session.run(ops, feeds)
+        if self._broadcast is not None:
+            self._session.run(self._broadcast)
+        runtime.allgather_strings("restored")
+        return prefix
 
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
         """Like `tf.compat.v1.Session.run`, with the original graph's tensors, ops and names."""
@@ -297,3 +387,60 @@ class Runner:
                     t = tf.identity(op.outputs[0])
             self._reads[var_name] = t
         return self._reads[var_name]
+
+
+_RESTORE_OP = re.compile(r"(^|/)save(_\d+)?/restore_all$")
+
+
+class _SessionView(surgery.session_base()):
+    """The runner's session as `tf.compat.v1.train.Saver` sees it (see Runner.session)."""
+
+    def __init__(self, runner: Runner):
+        self._runner = runner
+
+    graph = property(lambda self: self._runner._graph)
+    sess_str = property(lambda self: self._runner._session.sess_str)
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        name = getattr(fetches, "name", fetches)
+        if isinstance(name, str) and _RESTORE_OP.search(name.split(":")[0]) and feed_dict:
+            path = next(iter(feed_dict.values()))
+            path = path.decode() if isinstance(path, bytes) else str(path)
+            self._runner.restore(path, self._restored_variables(name))
+            return None
+        try:
+            return self._runner._session.run(fetches, feed_dict, options, run_metadata)
+        except (KeyError, ValueError, TypeError) as e:
+            if "save" in str(e):
+                raise TfparError(
+                    f"{e}: a tf.compat.v1.train.Saver used through runner.session must be built "
+                    "in the graph before tfpar.get_runner; or use runner.save(path) and "
+                    "runner.restore(path)") from None
+            raise
+
+    def _restored_variables(self, restore_op_name: str):
+        """The variables a Saver's restore op writes (its var_list)."""
+        graph = self._runner._graph
+        op = graph.get_operation_by_name(restore_op_name.split(":")[0])
+        names, stack, seen = set(), [op], set()
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x.type in ("Assign", "AssignVariableOp") and x.inputs[0].op.type in (
+                    "VariableV2", "VarHandleOp"):
+                names.add(x.inputs[0].op.name)
+            stack.extend(x.control_inputs)
+            stack.extend(t.op for t in x.inputs if t.op.type in ("NoOp", "Identity", "Assign",
+                                                                  "AssignVariableOp"))
+        return sorted(names) or None
+
+    def partial_run_setup(self, *args, **kwargs):
+        return self._runner._session.partial_run_setup(*args, **kwargs)
+
+    def partial_run(self, *args, **kwargs):
+        return self._runner._session.partial_run(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._runner._session, name)

@@ -58,6 +58,8 @@ class PsRewrite:
     init: tf.Operation  # initialises the parts (run by the chief only)
     step: tf.Operation  # ends a training step: what the original updates' users now wait for
     release: tf.Operation  # frees this rewrite's variables on the PS (after a search trial)
+    # variable name -> [(part variable, start row, stop row or None)] (for checkpoints)
+    parts: Dict[str, list] = dataclasses.field(default_factory=dict)
 
 
 def apply_parameter_server(graph: tf.Graph, plan: Plan, rank: int, traffic: Traffic,
@@ -111,11 +113,15 @@ class _Rewriter:
             init = tf.compat.v1.variables_initializer(on_ps, name="tfpar/ps/init")
             frees = []
             for var in on_ps:
+                if not hasattr(var, "handle"):
+                    continue  # a reference variable's part: TensorFlow has no op to free one
                 with tf.device(var.device):
                     frees.append(tf.raw_ops.DestroyResourceOp(resource=var.handle,
                                                               ignore_lookup_error=True))
             release = tf.group(*frees, name="tfpar/ps/release")
-        return PsRewrite(self.reads, self.replaced, self.pushes, init, done, release)
+        parts = {v.name: [(var, p.start, p.stop) for var, p in zip(self.parts[v.name], v.parts)]
+                 for v in self.ps_vars + [s for ss in self.slots.values() for s in ss]}
+        return PsRewrite(self.reads, self.replaced, self.pushes, init, done, release, parts)
 
     # -- storage -------------------------------------------------------------------------------
     def _make_parts(self, v: VariablePlan, originals):
@@ -169,12 +175,17 @@ class _Rewriter:
         initializer = originals[v.name].initializer
         whole = []  # the whole value, read once per step where needed
 
-        def read_whole():
-            if not whole:
-                with tf.device(self.worker), \
+        def read_whole(after=()):
+            """The whole value; `after`: ops the original read waited for (e.g. an EMA's
+            read after the training step), so the new read waits for them too."""
+            if after or not whole:
+                with tf.device(self.worker), tf.control_dependencies(list(after)), \
                         tf.compat.v1.name_scope(f"tfpar/{_safe(v.name)}/read/"):
                     t = self._read_whole(v)
-                    whole.append(self.traffic.counted("ps_pull", t, _nbytes(t)))
+                    t = self.traffic.counted("ps_pull", t, _nbytes(t))
+                if after:
+                    return t
+                whole.append(t)
             return whole[0]
 
         def shape_of(op):
@@ -189,7 +200,7 @@ class _Rewriter:
             if c.type in ("ResourceGather",) + _GATHERS and c.inputs[0] is handle:
                 self._replace(c.outputs[0], self._gather(v, c, scope))
             elif c.type == "ReadVariableOp":
-                self._replace(c.outputs[0], read_whole())
+                self._replace(c.outputs[0], read_whole(c.control_inputs))
             elif c.type == "VariableShape":
                 self._replace(c.outputs[0], shape_of(c))
             elif c.type in ("Identity", "RefIdentity") and not self._resource(v):
@@ -207,6 +218,8 @@ class _Rewriter:
                             if t is read:
                                 surgery.replace_input(x, i, read_whole())
                 self.replaced[read.name] = read_whole()
+            elif c.type in FUNCTIONAL and self._initialisation_only(c, originals):
+                continue  # e.g. an EMA shadow's initial value: reads the initial value then
             elif not self._resource(v) and c.type not in FUNCTIONAL:
                 for i, t in enumerate(c.inputs):  # e.g. the saver's SaveV2 reading the ref
                     if t is handle:
@@ -216,6 +229,40 @@ class _Rewriter:
                     f"variable {v.name!r} is used by op {c.name!r} ({c.type}); tfpar cannot "
                     "yet move such a use to the parameter servers: use run_mode='HYBRID' (if "
                     "the variable is dense) or run_mode='AR'")
+
+    def _initialisation_only(self, op: tf.Operation, originals) -> bool:
+        """Whether everything `op` computes only feeds variables' initialisers (as the
+        `cond` of `Variable.initialized_value()` does, whose taken branch reads the
+        original's initial value when the original is not initialised, as here)."""
+        initializers = {v.initializer for v in originals.values()}
+        stack, seen = [op], set()
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in initializers:
+                continue
+            consumers = [c for t in x.outputs for c in t.consumers()]
+            if not consumers or x in self._training_ops():
+                return False
+            stack.extend(consumers)
+        return True
+
+    def _training_ops(self):
+        if not hasattr(self, "_in_training"):
+            roots = [self.g.get_operation_by_name(n) for v in self.ps_vars
+                     for n in v.gradients[0].ops]
+            seen, stack = set(), list(roots)
+            while stack:
+                x = stack.pop()
+                if x in seen:
+                    continue
+                seen.add(x)
+                stack.extend(t.op for t in x.inputs)
+                stack.extend(x.control_inputs)
+            self._in_training = seen
+        return self._in_training
 
     def _resource(self, v: VariablePlan) -> bool:
         return self.g.get_operation_by_name(v.name).type == "VarHandleOp"
@@ -232,7 +279,8 @@ class _Rewriter:
                                       or op.get_attr("batch_dims") != 0):
             raise NotYetSupportedError(f"{op.name}: a gather along another axis than the rows "
                                        "of a PS variable")
-        with tf.device(self.worker), tf.compat.v1.name_scope(scope):
+        with tf.device(self.worker), tf.compat.v1.name_scope(scope), \
+                tf.control_dependencies(op.control_inputs):
             ids = op.inputs[1]
             uniq, idx = tf.unique(tf.reshape(ids, [-1]))
             ranges, placed = self._split(v, uniq)
@@ -331,10 +379,14 @@ class _Rewriter:
         with tf.control_dependencies(pushes + forwards + self.collectives):
             after_push = tf.no_op(name="tfpar/sync/pushed")
         if route.chief:
-            with tf.control_dependencies([after_push]):
-                applied = [self._apply(v, i, k, part,
-                                       None if accum is None else _take(accum, route.global_pushers))
-                           for v, i, k, part, accum in owned]
+            applied, last = [], {}
+            for v, i, k, part, accum in owned:
+                # Several updates of one part run one after the other, in the graph's order.
+                with tf.control_dependencies([after_push] + last.get((v.name, k), [])):
+                    taken = None if accum is None else _take(accum, route.global_pushers)
+                    op = self._apply(v, i, k, part, taken)
+                applied.append(op)
+                last[(v.name, k)] = [op]
             with tf.control_dependencies(applied), tf.compat.v1.name_scope("tfpar/sync/release/"):
                 released = [_release(self.prefix, j, self.plan.host_of_rank(j), step)
                             for j in range(1, self.plan.num_workers)]
@@ -438,6 +490,16 @@ class _Rewriter:
             mapping[handle] = part_var.handle if self._resource(p) else part_var.op.outputs[0]
         ops = self._update_ops(v, i)
         used = {t for op in ops for t in op.inputs}
+        # Inputs made under a control dependency on an earlier update (e.g. the learning
+        # rate of an optimizer applied after another) are copied too, without that wait.
+        members, stack = set(ops), list(ops)
+        while stack:
+            for t in stack.pop().inputs:
+                if (t.op not in members and t not in mapping and t.op.type not in
+                        ("VarHandleOp", "VariableV2") and self._waits_for_updates(t.op)):
+                    members.add(t.op)
+                    stack.append(t.op)
+        ops = list(members)
         missing = [t.name for t in mapping if t not in used and t.dtype.base_dtype != tf.resource
                    and not t.dtype._is_ref_dtype]  # pylint: disable=protected-access
         if missing:
@@ -451,13 +513,36 @@ class _Rewriter:
                     return t.op.device or device
             return device
 
+        # A control input that waits for an original update of a PS variable would wait
+        # for the end of the step (`done`), which waits for this apply: drop it; the
+        # updates of one part run in their order instead (see `_sync`).
         copies = surgery.clone_ops(ops, mapping, f"tfpar/apply/{name}/part_{k}/", device_of,
-                                   strip_prefix=g.scope)
+                                   strip_prefix=g.scope,
+                                   keep_control=lambda c: not self._waits_for_updates(c))
         sinks = [c for o, c in copies.items()
                  if not any(x in copies for t in o.outputs for x in t.consumers())
                  and not any(o in x.control_inputs for x in copies)]
         with tf.device(device):
             return tf.group(*sinks, name=f"tfpar/apply/{name}/part_{k}/done")
+
+    def _waits_for_updates(self, op: tf.Operation) -> bool:
+        """Whether `op` runs only after an original update of a PS variable."""
+        if not hasattr(self, "_after_updates"):
+            control_out = {}
+            for x in self.g.get_operations():
+                for c in x.control_inputs:
+                    control_out.setdefault(c, []).append(x)
+            seen = set()
+            stack = [x for v in self.ps_vars for x in self._update_ops(v)]
+            while stack:
+                x = stack.pop()
+                if x in seen:
+                    continue
+                seen.add(x)
+                stack.extend(c for t in x.outputs for c in t.consumers())
+                stack.extend(control_out.get(x, ()))
+            self._after_updates = seen
+        return op in self._after_updates
 
     def _replace_updates(self, done: tf.Operation):
         """Whatever waited for the original updates of PS variables now waits for `done`."""

@@ -37,12 +37,22 @@ def set_device(op: tf.Operation, device: str) -> None:
 
 def replace_control_inputs(op: tf.Operation, old: Iterable[tf.Operation],
                            new: tf.Operation) -> bool:
-    """Makes `op` wait for `new` instead of any op in `old`; returns whether it changed."""
+    """Makes `op` wait for `new` instead of any op in `old`, and for what those waited for
+    (their own control inputs outside `old`); returns whether it changed."""
     old = set(old)
     current = list(op.control_inputs)
     if not any(c in old for c in current):
         return False
-    kept = [c for c in current if c not in old]
+    kept, stack, seen = [], list(current), set()
+    while stack:
+        c = stack.pop(0)
+        if c in seen:
+            continue
+        seen.add(c)
+        if c in old:
+            stack.extend(c.control_inputs)
+        else:
+            kept.append(c)
     op._remove_all_control_inputs()  # pylint: disable=protected-access
     op._add_control_inputs(list(dict.fromkeys(kept + [new])))  # pylint: disable=protected-access
     return True
@@ -53,13 +63,15 @@ def add_control_inputs(op: tf.Operation, deps: Iterable[tf.Operation]) -> None:
 
 
 def clone_ops(ops: Iterable[tf.Operation], inputs: Dict[tf.Tensor, tf.Tensor], scope: str,
-              device_of: Callable[[tf.Operation, List[tf.Tensor]], str], strip_prefix: str = ""
+              device_of: Callable[[tf.Operation, List[tf.Tensor]], str], strip_prefix: str = "",
+              keep_control: Callable[[tf.Operation], bool] = lambda op: True
               ) -> Dict[tf.Operation, tf.Operation]:
     """Copies a set of ops (types, attributes, wiring among themselves) under name `scope`.
 
     Inputs from outside the set are taken from `inputs` when listed there, else shared with
     the originals. Colocation attributes are dropped: `device_of(op, new_inputs)` places
-    each copy. Returns {original: copy}.
+    each copy. Control inputs from outside the set are kept where `keep_control` says so.
+    Returns {original: copy}.
     """
     ops = list(ops)
     members = set(ops)
@@ -88,8 +100,14 @@ def clone_ops(ops: Iterable[tf.Operation], inputs: Dict[tf.Tensor, tf.Tensor], s
             op.type, new_inputs, [o.dtype for o in op.outputs], name=scope + suffix,
             attrs=attrs, op_def=op.op_def, compute_device=False)
         new._set_device(device_of(op, new_inputs))  # pylint: disable=protected-access
-        deps = [copies.get(c, c) for c in op.control_inputs]
+        deps = [copies.get(c, c) for c in op.control_inputs if c in copies or keep_control(c)]
         if deps:
             new._add_control_inputs(deps)  # pylint: disable=protected-access
         copies[op] = new
     return copies
+
+
+def session_base() -> type:
+    """TensorFlow's session interface, for a session-like wrapper that Saver accepts."""
+    from tensorflow.python.client import session  # pylint: disable=import-outside-toplevel
+    return session.SessionInterface

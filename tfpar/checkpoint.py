@@ -1,0 +1,167 @@
+"""Checkpoints that are the single-device model's checkpoint.
+
+`Runner.save` writes what `tf.compat.v1.train.Saver()` in the user's own single-device
+graph would write: every global variable under its original name and full shape (parameter-
+server parts put back together, the pieces of a variable the user partitioned as slices of
+the whole), optimizer slots, moving averages and the global step. The user's graph restores
+it with a plain Saver and no tfpar, and tfpar restores a single-device checkpoint (or one
+written by any other layout, mode or partition count) into any job.
+
+Writes are atomic: each save goes to a new prefix (`path-<global step>`), TensorFlow's
+bundle writer renames its files into place only when they are complete, and the
+`checkpoint` state file is replaced (atomically) only after that; a job killed while
+saving leaves the previous checkpoint readable. The oldest checkpoints beyond
+`max_to_keep` are deleted after a save succeeds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tfpar.errors import TfparError
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One variable of the single-device graph as a checkpoint stores it."""
+
+    name: str  # variable op name in the graph (e.g. "emb/part_1")
+    key: str  # checkpoint key: the name, or the whole variable's name for a piece
+    slice_spec: str  # "" for a whole variable, else "full shape offset,length:..." (Saver's)
+    shape: Tuple[int, ...]
+    dtype: str
+
+
+def entries_of(graph: tf.Graph) -> Tuple[Entry, ...]:
+    """What a default `Saver()` of `graph` saves: every global variable."""
+    out = []
+    with graph.as_default():
+        for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+            info = v.to_proto().save_slice_info_def
+            shape = tuple(v.shape.as_list())
+            if info.full_name:
+                spec = (" ".join(str(d) for d in info.full_shape) + " "
+                        + ":".join(f"{o},{n}" for o, n in zip(info.var_offset, info.var_shape)))
+                out.append(Entry(v.op.name, info.full_name, spec, shape, v.dtype.base_dtype.name))
+            else:
+                out.append(Entry(v.op.name, v.op.name, "", shape, v.dtype.base_dtype.name))
+    return tuple(out)
+
+
+def write(prefix: str, entries: Sequence[Entry], values: Sequence[np.ndarray]) -> str:
+    """Writes a TensorFlow (V2) checkpoint bundle at `prefix`; returns the prefix."""
+    g = tf.Graph()
+    with g.as_default(), tf.device("/cpu:0"):
+        feeds = [tf.compat.v1.placeholder(e.dtype, e.shape) for e in entries]
+        save = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[e.key for e in entries],
+                                 shape_and_slices=[e.slice_spec for e in entries],
+                                 tensors=feeds)
+        with tf.compat.v1.Session(graph=g, config=_local()) as sess:
+            sess.run(save, dict(zip(feeds, values)))
+    return prefix
+
+
+def read(path: str, entries: Sequence[Entry]) -> List[np.ndarray]:
+    """The value of every entry in the checkpoint at `path` (a prefix, or a folder: its
+    latest). Raises a TfparError naming every missing or mis-shaped variable before
+    anything is read, so a restore is complete or does not happen."""
+    prefix = resolve(path)
+    reader = tf.compat.v1.train.NewCheckpointReader(prefix)
+    shapes = reader.get_variable_to_shape_map()
+    problems = []
+    for e in entries:
+        full = (tuple(int(d) for d in e.slice_spec.split(" ")[:-1]) if e.slice_spec else e.shape)
+        if e.key not in shapes:
+            problems.append(f"{e.key!r} is not in it")
+        elif tuple(shapes[e.key]) != tuple(full):
+            problems.append(f"{e.key!r} has shape {list(shapes[e.key])} there, "
+                            f"{list(full)} in this graph")
+    if problems:
+        raise TfparError(f"cannot restore {prefix}: " + "; ".join(problems[:10])
+                         + (f" (and {len(problems) - 10} more)" if len(problems) > 10 else "")
+                         + ". Restore a checkpoint of this model, saved by Runner.save or by a "
+                         "Saver of the single-device graph; nothing was restored")
+    g = tf.Graph()
+    with g.as_default(), tf.device("/cpu:0"):
+        restored = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[e.key for e in entries],
+                                        shape_and_slices=[e.slice_spec for e in entries],
+                                        dtypes=[tf.as_dtype(e.dtype) for e in entries])
+        with tf.compat.v1.Session(graph=g, config=_local()) as sess:
+            return sess.run(restored) if entries else []
+
+
+def resolve(path: str) -> str:
+    """A checkpoint prefix from a prefix or a folder (its latest checkpoint)."""
+    if os.path.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            raise TfparError(f"no checkpoint in folder {path!r} (no 'checkpoint' state file "
+                             "naming one); give a checkpoint prefix or a folder Runner.save "
+                             "wrote to")
+        return latest
+    if not glob.glob(path + ".index"):
+        raise TfparError(f"no checkpoint at {path!r} (no {path}.index): give the prefix that "
+                         "Runner.save returned, or the folder it wrote to")
+    return path
+
+
+def record(prefix: str, max_to_keep: Optional[int]) -> None:
+    """Makes `prefix` the folder's latest checkpoint, then deletes the oldest beyond
+    `max_to_keep` (None or 0: keep all)."""
+    folder = os.path.dirname(os.path.abspath(prefix))
+    state = tf.train.get_checkpoint_state(folder)
+    previous = [p for p in (state.all_model_checkpoint_paths if state else [])
+                if os.path.abspath(p) != os.path.abspath(prefix)]
+    kept = previous + [prefix]
+    dropped = []
+    if max_to_keep:
+        dropped, kept = kept[:-max_to_keep], kept[-max_to_keep:]
+    tf.compat.v1.train.update_checkpoint_state(folder, prefix, all_model_checkpoint_paths=kept)
+    for old in dropped:
+        for f in glob.glob(old + ".index") + glob.glob(old + ".data-*") + glob.glob(old + ".meta"):
+            os.remove(f)
+
+
+def _local():
+    return tf.compat.v1.ConfigProto(device_count={"GPU": 0}, inter_op_parallelism_threads=1,
+                                    intra_op_parallelism_threads=2)
+
+
+class Assigner:
+    """Ops that set variables of a rewritten graph (replicated copies and PS parts) from
+    numpy values of the single-device variables, built once."""
+
+    def __init__(self, graph: tf.Graph, local: Dict[str, tf.Variable],
+                 parts: Dict[str, List[Tuple[tf.Variable, int, Optional[int]]]]):
+        self._graph, self._local, self._parts = graph, local, parts
+        self._ops: Dict[str, Tuple[tf.Tensor, tf.Operation]] = {}
+
+    def assign_ops(self, entries: Sequence[Entry], values) -> Tuple[list, dict]:
+        ops, feeds = [], {}
+        for e, value in zip(entries, values):
+            if e.name not in self._ops:
+                self._ops[e.name] = self._build(e)
+            ph, op = self._ops[e.name]
+            ops.append(op)
+            feeds[ph] = value
+        return ops, feeds
+
+    def _build(self, e: Entry):
+        with self._graph.as_default(), tf.compat.v1.name_scope("tfpar/restore/"):
+            ph = tf.compat.v1.placeholder(e.dtype, e.shape)
+            if e.name in self._parts:
+                assigns = []
+                for var, start, stop in self._parts[e.name]:
+                    with tf.device(var.device):
+                        value = ph if stop is None else ph[start:stop]
+                        assigns.append(tf.compat.v1.assign(var, value).op)
+                return ph, tf.group(*assigns)
+            if e.name not in self._local:
+                raise TfparError(f"variable {e.name!r} is not in the graph tfpar runs")
+            var = self._local[e.name]
+            return ph, tf.compat.v1.assign(var, ph).op
