@@ -216,14 +216,19 @@ class _Rewriter:
                     else:
                         for i, t in enumerate(x.inputs):
                             if t is read:
-                                surgery.replace_input(x, i, read_whole())
+                                surgery.replace_input(x, i, read_whole(x.control_inputs))
                 self.replaced[read.name] = read_whole()
             elif c.type in FUNCTIONAL and self._initialisation_only(c, originals):
+                if not self._resource(v):  # its inputs are evaluated (a ref's is read) first:
+                    initial = self.g.get_tensor_by_name(originals[v.name].initial_value.name)
+                    for i, t in enumerate(c.inputs):  # give it the value it returns then
+                        if t is handle:
+                            surgery.replace_input(c, i, initial)
                 continue  # e.g. an EMA shadow's initial value: reads the initial value then
             elif not self._resource(v) and c.type not in FUNCTIONAL:
                 for i, t in enumerate(c.inputs):  # e.g. the saver's SaveV2 reading the ref
                     if t is handle:
-                        surgery.replace_input(c, i, read_whole())
+                        surgery.replace_input(c, i, read_whole(c.control_inputs))
             else:
                 raise NotYetSupportedError(
                     f"variable {v.name!r} is used by op {c.name!r} ({c.type}); tfpar cannot "
@@ -231,28 +236,16 @@ class _Rewriter:
                     "the variable is dense) or run_mode='AR'")
 
     def _initialisation_only(self, op: tf.Operation, originals) -> bool:
-        """Whether everything `op` computes only feeds variables' initialisers (as the
-        `cond` of `Variable.initialized_value()` does, whose taken branch reads the
-        original's initial value when the original is not initialised, as here)."""
-        initializers = {v.initializer for v in originals.values()}
-        stack, seen = [op], set()
-        while stack:
-            x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
-            if x in initializers:
-                continue
-            consumers = [c for t in x.outputs for c in t.consumers()]
-            if not consumers or x in self._training_ops():
-                return False
-            stack.extend(consumers)
-        return True
+        """Whether `op` is outside every training update's inputs (as the `cond` of an EMA
+        shadow's `initialized_value()`, which reads the original's initial value because
+        the original is not initialised here). Such a use is left as it is: a read of the
+        original at run time fails loudly (it is never initialised), never silently."""
+        return op not in self._training_ops()
 
     def _training_ops(self):
         if not hasattr(self, "_in_training"):
-            roots = [self.g.get_operation_by_name(n) for v in self.ps_vars
-                     for n in v.gradients[0].ops]
+            roots = [self.g.get_operation_by_name(n) for v in self.plan.variables
+                     for g in v.gradients for n in g.ops]
             seen, stack = set(), list(roots)
             while stack:
                 x = stack.pop()
