@@ -16,6 +16,7 @@ PYTHON="${TFPAR_PYTHON:-python3.11}"
 TF_PKG="${TFPAR_TF_PKG:-tensorflow-cpu}"
 TF_VERSION="2.18.1"
 HVD_VERSION="0.28.1"
+TF_KERAS_VERSION="2.18.0"  # Keras 2 for TF 2.18 (tf-keras has no 2.18.1)
 CACHE="${TFPAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfpar}"
 PYTAG="$($PYTHON -c 'import sys;print("py%d%d"%sys.version_info[:2])')"
 WHEELS="$CACHE/horovod-$HVD_VERSION-$TF_PKG-$TF_VERSION-$PYTAG-gpu_${HOROVOD_GPU_OPERATIONS:-none}"
@@ -47,14 +48,14 @@ PYEOF
 }
 
 if ! have "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4 \
-     "tf-keras==$TF_VERSION"; then
+     "tf-keras==$TF_KERAS_VERSION"; then
   log "installing TensorFlow $TF_VERSION and test tools"
   "$PY" -m pip install -q --upgrade pip setuptools wheel packaging
   "$PY" -m pip install -q "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 \
       pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4
   # Keras 2 for TF1-style scripts: tf.compat.v1.layers and tf.compat.v1.nn.rnn_cell need it
   # on TF >= 2.16 (tfpar selects it on import; see tfpar/__init__.py).
-  "$PY" -m pip install -q --no-deps "tf-keras==$TF_VERSION"
+  "$PY" -m pip install -q --no-deps "tf-keras==$TF_KERAS_VERSION"
 fi
 
 if ! have "horovod==$HVD_VERSION" || ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
