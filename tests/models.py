@@ -19,7 +19,8 @@ OPTIMIZERS = {
 
 def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=True,
           init_seed=None, batch=None, emb_partitions=None, shared_embedding=False,
-          scale_sparse=False, clip_by_norm=None, second_update=False, ema=False):
+          scale_sparse=False, clip_by_norm=None, second_update=False, ema=False,
+          decoder=False):
     """An MLP (optionally with an embedding input) and its training step.
 
     emb_partitions: make the embedding (PS_VOCAB rows) a partitioned variable of that many
@@ -33,7 +34,8 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     values times a tensor computed in the graph (from the global step); clip_by_norm:
     tf.clip_by_norm of every sparse gradient. second_update: a second optimizer also
     trains `shared` (two updates of one variable). ema: an ExponentialMovingAverage of every
-    trained variable, applied after the training step.
+    trained variable, applied after the training step. decoder: a seq2seq-style decoder
+    loop (`tf.while_loop`) whose body reads an attention weight and a decoder kernel.
     """
     g = tf.Graph()
     with g.as_default():
@@ -56,6 +58,17 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
                                       initializer=tf1.random_normal_initializer(stddev=0.5))
             h = (h + tf.nn.embedding_lookup(shared, ids % SHARED_VOCAB)
                  - 0.5 * tf.nn.embedding_lookup(shared, (ids * 3 + 1) % SHARED_VOCAB))
+        if decoder:
+            attention_g = tf1.get_variable("attention_g", [IN, IN], use_resource=use_resource)
+            kernel = tf1.get_variable("decoder/kernel", [IN, IN], use_resource=use_resource)
+            memory = h
+
+            def step_fn(t, state, total):
+                scores = tf.nn.softmax(tf.matmul(state, attention_g) * memory, axis=1)
+                state = tf.tanh(tf.matmul(state + scores * memory, kernel))
+                return t + 1, state, total + state
+
+            _, _, h = tf.while_loop(lambda t, *_: t < 3, step_fn, [0, h, tf.zeros_like(h)])
         w1 = tf1.get_variable("w1", [IN, HIDDEN], use_resource=use_resource)
         b1 = tf1.get_variable("b1", [HIDDEN], use_resource=use_resource,
                               initializer=tf1.random_normal_initializer(stddev=0.1))

@@ -3,8 +3,8 @@
 A HYBRID job of 2 workers trains 3 steps, saves (Runner.save, and the user's own Saver
 through runner.session), and trains 3 more: the uninterrupted run. Other jobs restore the
 step-3 checkpoint into 2 hosts x 2 workers HYBRID (with another partition count), into PS
-mode and into AR on 2 workers, and into the plain single-device graph with a plain Saver
-and no tfpar. Every variable, slot and the global step equal the saved ones, and 3 more
+mode (from a checkpoint the single-device graph wrote with a plain Saver) and into AR on 2
+workers, and into the plain single-device graph with a plain Saver and no tfpar. Every variable, slot and the global step equal the saved ones, and 3 more
 steps equal the uninterrupted run's (rtol 1e-5, atol 1e-6: the sums run in other orders).
 A checkpoint that lacks a variable restores nothing and raises. A process killed while
 saving leaves the previous checkpoint readable.
@@ -56,10 +56,19 @@ def jobs(tmp_path_factory):
     with open(os.path.join(tmp, "train", "saved.json")) as f:
         saved = json.load(f)
     resume = dict(first_step=3, steps=[0, 3])
+    # A checkpoint the plain single-device graph wrote itself (no tfpar): restore the runner's
+    # with a Saver, save it again with that Saver.
+    graph, _ = models.build(**MODEL)
+    with graph.as_default():
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            saver.restore(sess, saved["runner"])
+            saved["single"] = saver.save(sess, os.path.join(tmp, "single", "model"),
+                                         global_step=3)
     _job(tmp, 4, [sc("hybrid_2x2", {"partitions": 3}, restore=saved["runner"], **resume),
                   sc("hybrid_2x2_from_folder", restore=os.path.dirname(ckpt), **resume)],
          hosts=TWO_HOSTS)
-    _job(tmp, 2, [sc("ps", {"run_mode": "PS"}, restore=saved["runner"], **resume),
+    _job(tmp, 2, [sc("ps", {"run_mode": "PS"}, restore=saved["single"], **resume),
                   sc("ar", {"run_mode": "AR"}, restore=saved["runner"], **resume),
                   sc("user_saver", restore=saved["saver"], user_saver=True,
                      restore_with_saver=True, **resume),

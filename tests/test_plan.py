@@ -96,12 +96,19 @@ def test_partition_count_errors():
         make_plan(a, tfpar.Config(partitions={"w1": 2}), layout)
     with pytest.raises(tfpar.TfparError, match="positive int"):
         tfpar.Config(partitions=0)
+
+
+
+def test_reference_variables_and_post_processed_gradients_go_to_the_ps():
+    """Once refused; now planned (tests/test_post_processing.py runs them)."""
+    layout = parse_resources("localhost:2")
     graph, _ = models.build(sparse=True, use_resource=False)
-    with pytest.raises(tfpar.NotYetSupportedError, match="reference variable"):
-        make_plan(analyse(graph), tfpar.Config(), layout)
+    assert make_plan(analyse(graph), tfpar.Config(), layout).variable("emb").route == "ps"
     graph, _ = models.build(sparse=True, clip=0.1)
-    with pytest.raises(tfpar.NotYetSupportedError, match="post-processed"):
-        make_plan(analyse(graph), tfpar.Config(), layout)
+    emb = make_plan(analyse(graph), tfpar.Config(), layout).variable("emb")
+    g = emb.gradients[0]
+    assert emb.route == "ps" and g.post_processed and g.final_values != g.values
+    assert g.row_sums == ("global_norm/L2Loss:0",)  # summed over workers for the norm
 
 
 def test_sparse_variable_without_a_sparse_apply_is_an_error():

@@ -7,7 +7,8 @@ variable with two optimizers and keep moving averages of the weights. tfpar repr
 these exactly in HYBRID and PS modes: each worker post-processes its share of the
 gradient with every sum over the rows (a norm) summed over workers first, and pushes what
 the update reads. The clipping threshold is below the raw norm at every step (checked), so
-the clip is active. Reference variables (`use_resource=False`, what
+the clip is active. A seq2seq-style decoder reads its attention weight and kernel inside a
+`tf.while_loop` (on the parameter servers in PS mode). Reference variables (`use_resource=False`, what
 `tf.compat.v1.disable_v2_behavior()` makes) live on the parameter servers too.
 
 N=2 on one host, and N=4 as 2 hosts x 2 workers (see test_parameter_server). After 4 steps
@@ -45,6 +46,7 @@ SCENARIOS_2 = [
     sc("ps_adagrad_ref_scaled", "adagrad", {"run_mode": "PS"}, scale_sparse=True,
        use_resource=False),
     sc("ps_momentum_ema_clip_all", "momentum", {"run_mode": "PS"}, ema=True, clip=CLIP),
+    sc("hybrid_adam_seq2seq_clip_all", "adam", decoder=True, clip=CLIP),
 ]
 SCENARIOS_4 = [
     sc("hybrid_adam_clip_all", "adam", clip=CLIP),
@@ -54,6 +56,7 @@ SCENARIOS_4 = [
        second_update=True),
     sc("ps_sgd_ref_clip_by_norm_ema", "sgd", {"run_mode": "PS"}, clip_by_norm=0.05,
        use_resource=False, ema=True),
+    sc("ps_adagrad_seq2seq_clip_all", "adagrad", {"run_mode": "PS"}, decoder=True, clip=CLIP),
 ]
 
 
@@ -74,6 +77,8 @@ def _check(ranks, scenario):
     assert plan["w1"]["route"] == ("ps" if mode == "PS" else "allreduce")
     if scenario["model"].get("second_update"):
         assert len(plan["shared"]["gradients"]) == 2
+    if scenario["model"].get("decoder"):
+        assert plan["attention_g"]["route"] == ("ps" if mode == "PS" else "allreduce")
     if scenario["model"].get("ema"):
         assert "w1/ExponentialMovingAverage" in plan and "shared/ExponentialMovingAverage" in plan
 

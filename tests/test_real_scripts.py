@@ -114,3 +114,18 @@ def test_lstm_language_model_equals_single_device(tmp_path, case):
     plan = _check(str(tmp_path), name, n, tf1)
     kernel = [v for k, v in plan.items() if k.startswith("rnn/") and k.endswith("kernel")][0]
     assert kernel["route"] == ("ps" if config.get("run_mode") == "PS" else "allreduce")
+
+
+def test_the_example_trains_saves_and_resumes(tmp_path):
+    """examples/lstm_lm.py on 2 workers: 4 steps saving every 2, then the same command with
+    more steps resumes from the latest checkpoint, at its global step."""
+    args = ["--vocab", "300", "--batch", "4", "--save-every", "2", "--checkpoint-dir",
+            str(tmp_path)]
+    script = os.path.join(REPO, "examples", "lstm_lm.py")
+    first = horovodrun(2, script, "--steps", "4", *args, timeout=300)
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert "saved " + str(tmp_path / "model-4") in first.stdout
+    second = horovodrun(2, script, "--steps", "6", *args, timeout=300)
+    assert second.returncode == 0, second.stdout[-4000:]
+    assert f"resumed from {tmp_path / 'model-4'} at step 4" in second.stdout
+    assert "step 5: loss" in second.stdout and "step 0: loss" not in second.stdout
