@@ -27,6 +27,10 @@ def test_shard_gives_disjoint_complete_slices(tmp_path):
     ("sparse_apply", r"sparse variable 'emb' is updated by ResourceApplyAdam.*no sparse apply"),
     ("more_hosts", r"resources name 2 host\(s\) .*but the running job has 1"),
     ("run_mode", r"unknown run_mode 'ALLREDUCE'"),
+    ("unresolvable_host", r"name host 'nosuchhost.invalid', which does not resolve"),
+    # The user's id and the variable's rows, not a part's local index (the PS has 2 parts).
+    ("id_out_of_range", r"lookup in variable emb got ids\] \[107\] \[which are not in "
+                        r"\[0, 100\)"),
 ])
 def test_bad_input_in_a_job_fails_cleanly(tmp_path, case, message):
     script = tmp_path / f"bad_job_{case}_marker.py"

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from tfpar import runtime
-from tfpar.errors import TfparError
+from tfpar.errors import TfparError, summary
 from tfpar.resources import Layout
 
 EXIT_PEER_DIED = 17  # what a process exits with when another process of its job died
@@ -78,8 +78,7 @@ def _abort_on_uncaught_exception(cluster: "Cluster"):
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        lines = [ln for ln in str(value).strip().splitlines() if ln.strip()]
-        cluster.abort(f"{kind.__name__}: {' '.join(lines[:2])[:400]}")
+        cluster.abort(summary(value))
         previous(kind, value, tb)
 
     sys.excepthook = hook

@@ -32,3 +32,18 @@ def raise_blockers(blockers: Iterable[Blocker]) -> None:
                    + "\n".join(f"  {i}. {b.message}" for i, b in enumerate(blockers, 1)))
     cls = NotYetSupportedError if all(b.not_yet for b in blockers) else TfparError
     raise cls(message)
+
+
+def summary(e: BaseException, limit: int = 400) -> str:
+    """One line naming an exception and what it says, for the messages that stop a job.
+
+    TensorFlow's graph errors put the op's creation stack before the cause ("Detected at
+    node ... defined at", then indented frames); the frames are dropped so the cause
+    (e.g. an assertion's message with its values) shows.
+    """
+    text = getattr(e, "message", None) or str(e)
+    kept = [ln.strip() for ln in text.splitlines()
+            if ln.strip() and not ln[:1].isspace() and not ln.startswith(
+                ("Detected at node", "Original stack trace", "Detected unsupported", "Node:",
+                 "From /job:"))]
+    return f"{type(e).__name__}: {' '.join(kept[:3])[:limit]}"

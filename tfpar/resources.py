@@ -128,6 +128,16 @@ def reconcile(requested: Optional[Layout], job: Layout) -> Layout:
         raise TfparError(
             f"resources name {len(requested.hosts)} host(s) ({requested}) but the running job "
             f"has {len(job.hosts)} ({job}); make resources match the -H list given to horovodrun")
+    for want in requested.hosts:
+        if want.name in _LOCAL_NAMES:
+            continue
+        try:
+            _addresses(want.name)
+        except OSError as e:
+            raise TfparError(
+                f"resources ({requested}) name host {want.name!r}, which does not resolve from "
+                f"this machine ({e}); give the host names or addresses of the -H list given to "
+                "horovodrun") from None
     hosts = []
     for want, have in zip(requested.hosts, job.hosts):
         if want.slots is not None and want.slots != have.slots:

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tfpar import checkpoint, partition, runtime
 from tfpar.analysis import analyse
 from tfpar.config import Config
-from tfpar.errors import TfparError
+from tfpar.errors import TfparError, summary
 from tfpar.plan import Plan
 from tfpar.planner import make_plan
 from tfpar.resources import parse_resources, reconcile
@@ -142,9 +142,7 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
 
 
 def _reason(e: BaseException) -> str:
-    text = getattr(e, "message", None) or str(e)
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {' '.join(lines[:2])[:400]}"
+    return summary(e)
 
 
 def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation):

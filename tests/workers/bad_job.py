@@ -30,4 +30,16 @@ elif case == "more_hosts":
 elif case == "run_mode":
     graph, _ = models.build()
     tfpar.get_runner(graph, config=tfpar.Config(run_mode="ALLREDUCE"))
+elif case == "unresolvable_host":
+    graph, _ = models.build()
+    tfpar.get_runner(graph, "nosuchhost.invalid:2")
+elif case == "id_out_of_range":
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int32, [None])
+        emb = tf.compat.v1.get_variable("emb", [100, 3], use_resource=True)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ids))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tfpar.get_runner(graph, config=tfpar.Config(partitions=2)) as runner:
+        runner.run(train, {ids: [3, 107, 5]})
 print("unexpected: no error")

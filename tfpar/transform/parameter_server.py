@@ -286,6 +286,7 @@ class _Rewriter:
                 tf.control_dependencies(op.control_inputs):
             ids = op.inputs[1]
             uniq, idx = tf.unique(tf.reshape(ids, [-1]))
+            uniq = self._check_ids(v, uniq)
             ranges, placed = self._split(v, uniq)
             rows = []
             for var, part, (local_ids, _) in zip(self.parts[v.name], v.parts, ranges):
@@ -304,6 +305,18 @@ class _Rewriter:
             out = tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], 0))
             out.set_shape(op.outputs[0].shape)
         return out
+
+    def _check_ids(self, v: VariablePlan, ids: tf.Tensor) -> tf.Tensor:
+        """`ids`, after a check that names the user's variable, ids and rows (a part's own
+        gather would report part-local indices)."""
+        rows = v.shape[0]
+        bad = tf.boolean_mask(ids, tf.logical_or(ids < 0, ids >= rows))
+        check = tf.debugging.Assert(
+            tf.equal(tf.size(bad), 0),
+            [f"tfpar: a lookup in variable {v.name} got ids", bad,
+             f"which are not in [0, {rows}) (its rows)"], summarize=20)
+        with tf.control_dependencies([check]):
+            return tf.identity(ids)
 
     def _split(self, v: VariablePlan, ids: tf.Tensor, values: Optional[tf.Tensor] = None):
         """Splits unique ids (and their values) by part: [(part-local ids, values)], positions."""
