@@ -21,10 +21,10 @@ from launch import HOROVODRUN, REPO, TESTS
 FAULT_WORKER = os.path.join(TESTS, "workers", "fault.py")
 
 
-def _start(out_dir):
+def _start(out_dir, *args):
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     cmd = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, FAULT_WORKER,
-           str(out_dir)]
+           str(out_dir), *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=REPO)
 
@@ -95,3 +95,45 @@ def test_killing_a_process_stops_the_job(tmp_path, victim, message):
     ports = sorted({p for i in info for p in i["ports"]})
     assert len(ports) >= 4  # two worker servers, one PS, the liveness hub
     assert _listening(ports) == []
+
+
+LIVENESS_TIMEOUT = 8
+
+
+# A stopped (not dead) process keeps its connections open: only heartbeats can tell. The
+# job must end within the liveness timeout (plus start-up of the check and teardown),
+# naming the stopped process, not a healthy peer. (A stopped worker 1 may also make Gloo
+# give up after ~30 s; the timeout here is shorter, so tfpar speaks first.)
+@pytest.mark.parametrize("victim, message", [
+    ("worker 1", r"worker 1 \(host localhost, pid {pid}\) stopped responding"),
+    ("ps", r"parameter server ps:0 \(host localhost\) \(pid {pid}\) stopped responding"),
+])
+def test_a_stopped_process_is_named_and_stops_the_job(tmp_path, victim, message):
+    proc = _start(tmp_path, str(LIVENESS_TIMEOUT))
+    info, left = [], []
+    try:
+        info = _wait_training(proc, tmp_path)
+        pid = info[0]["ps_pid"] if victim == "ps" else info[int(victim.split()[1])]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        output, _ = proc.communicate(timeout=120)
+        elapsed = time.time() - stopped_at
+        pids = [i["pid"] for i in info] + [info[0]["ps_pid"]]
+        deadline = time.time() + 10
+        while time.time() < deadline and _alive(pids):
+            time.sleep(0.2)
+        left = _alive(pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in _alive([i["pid"] for i in info] + [i["ps_pid"] for i in info if i["ps_pid"]]):
+            os.kill(p, signal.SIGKILL)  # never leave a stopped process on the machine
+    assert not left, f"left running (then killed by the test): {left}"
+    assert _listening(sorted({p for i in info for p in i["ports"]})) == []
+    assert proc.returncode != 0
+    assert elapsed < LIVENESS_TIMEOUT + 20, elapsed
+    assert re.search(message.format(pid=pid), output), output[-5000:]
+    assert "healthy" not in output and "unexpected" not in output
+    # Nothing blamed the healthy worker 0 as the one that stopped.
+    assert not re.search(r"worker 0 \(host localhost, pid \d+\) (\(the chief\) )?stopped",
+                         output)

@@ -8,7 +8,10 @@ Addresses travel through a Horovod allgather.
 Liveness: every worker keeps a TCP connection to worker 0 (the hub). A worker or PS that dies
 closes its connection (or its parent reports it), the hub tells everyone what died, and
 every process prints that and exits non-zero, so no job hangs in a blocked accumulator or
-queue and no PS outlives its job. An orderly `close()` is a barrier over the same
+queue and no PS outlives its job. Heartbeats go both ways over the same connections, and
+between each PS and its parent, so a process that stops responding without dying
+(SIGSTOP, a swapping host, a cut link) is named and stops the job after
+`Config.liveness_timeout` seconds. An orderly `close()` is a barrier over the same
 connections: no PS stops while another worker may still read from it.
 """
 from __future__ import annotations
@@ -58,7 +61,8 @@ def _free_port() -> Tuple[int, socket.socket]:
 _CLUSTER: Optional["Cluster"] = None
 
 
-def get_cluster(layout: Layout, session_config=None) -> "Cluster":
+def get_cluster(layout: Layout, session_config=None,
+                liveness_timeout: float = 30.0) -> "Cluster":
     """The cluster of this job, started by the first runner that needs parameter servers.
 
     It lives until the process exits (TensorFlow cannot stop an in-process server), and
@@ -66,7 +70,7 @@ def get_cluster(layout: Layout, session_config=None) -> "Cluster":
     """
     global _CLUSTER
     if _CLUSTER is None:
-        _CLUSTER = Cluster(layout, session_config)
+        _CLUSTER = Cluster(layout, session_config, liveness_timeout)
     elif _CLUSTER.layout != layout:
         raise TfparError(f"this process already runs a PS job on {_CLUSTER.layout}; a runner "
                          f"for {layout} needs a new horovodrun job")
@@ -87,8 +91,11 @@ def _abort_on_uncaught_exception(cluster: "Cluster"):
 class Cluster:
     """This process's part of a PS job: its server, its PS child, its liveness link."""
 
-    def __init__(self, layout: Layout, session_config=None):
+    def __init__(self, layout: Layout, session_config=None, liveness_timeout: float = 30.0):
         hvd = runtime.horovod()
+        self.liveness_timeout = float(liveness_timeout)
+        self._seen: Dict[str, float] = {}  # "worker r" / "ps t" -> last heartbeat (monotonic)
+        self._ps_unresponsive = False
         self.rank, self.size = hvd.rank(), hvd.size()
         self.layout = layout
         self.host_index = layout.host_of_rank(self.rank)
@@ -149,6 +156,10 @@ class Cluster:
                              f"{me.worker}: {e.message}") from None
         if self._ps_proc is not None:
             self._wait_ps_ready(ps_port)
+            self._seen[f"ps {self.host_index}"] = time.monotonic()
+            threading.Thread(target=self._ps_heartbeats, daemon=True,
+                             name="tfpar-ps-heartbeat").start()
+        threading.Thread(target=self._watchdog, daemon=True, name="tfpar-watchdog").start()
         runtime.allgather_strings("ready")  # every server is up before any session starts
 
     # -- what transforms and the runner need ------------------------------------------------
@@ -199,8 +210,9 @@ class Cluster:
             if k.startswith(("HOROVOD_", "OMPI_", "PMI_")):
                 env.pop(k)
         self._ps_proc = subprocess.Popen([sys.executable, "-m", "tfpar.ps_server", spec],
-                                         env=env, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, text=True)
+                                         env=env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, bufsize=1)
         threading.Thread(target=self._watch_ps, args=(task,), daemon=True,
                          name="tfpar-ps-watch").start()
 
@@ -221,11 +233,64 @@ class Cluster:
         proc = self._ps_proc
         err = proc.stderr.read() if proc.stderr else ""
         code = proc.wait()
-        if self._closing:
+        if self._closing or self._ps_unresponsive:
             return
         tail = " ".join(err.strip().splitlines()[-3:])
         self._fail(f"{self.describe(f'ps {task}')} (pid {proc.pid}) died with exit code "
                    f"{code}" + (f": {tail}" if tail else ""))
+
+    # -- heartbeats ----------------------------------------------------------------------------
+    def _interval(self) -> float:
+        return max(0.2, self.liveness_timeout / 6)
+
+    def _ps_heartbeats(self):
+        """PING this host's PS; its PONGs (read by a second thread) mark it alive."""
+        proc, key = self._ps_proc, f"ps {self.host_index}"
+
+        def read():
+            for line in proc.stdout:
+                if line.strip() == "PONG":
+                    self._seen[key] = time.monotonic()
+
+        threading.Thread(target=read, daemon=True, name="tfpar-ps-pong").start()
+        while proc.poll() is None and not self._closing:
+            try:
+                proc.stdin.write("PING\n")
+                proc.stdin.flush()
+            except (OSError, ValueError):
+                return  # it died: the watcher reports that
+            time.sleep(self._interval())
+
+    def _heartbeats(self):
+        """Worker 0 pings every worker, the others ping worker 0."""
+        while not self._release.is_set():
+            if self.rank == 0:
+                for conn in list(self._hub_conns.values()):
+                    self._send(conn, "PING")
+            elif self._hub_conn is not None:
+                self._send(self._hub_conn, "PING")
+            time.sleep(self._interval())
+
+    def _watchdog(self):
+        """Stops the job when a process it watches has sent nothing for the timeout."""
+        threading.Thread(target=self._heartbeats, daemon=True, name="tfpar-heartbeat").start()
+        while not self._release.is_set() and not self._aborted:
+            time.sleep(self._interval())
+            now = time.monotonic()
+            for key, seen in list(self._seen.items()):
+                if key.startswith("worker ") and int(key.split()[1]) in self._hub_byes:
+                    continue  # done: it waits for the others without a step to run
+                if now - seen > self.liveness_timeout and not self._release.is_set():
+                    proc = self._ps_proc if key.startswith("ps ") else None
+                    pid = f" (pid {proc.pid})" if proc is not None else ""
+                    chief = " (the chief)" if key == "worker 0" else ""
+                    if proc is not None:
+                        self._ps_unresponsive = True  # its watcher must not report a death
+                        proc.kill()  # a stopped process ignores SIGTERM until continued
+                    self._fail(f"{self.describe(key)}{pid}{chief} stopped responding: no "
+                               f"heartbeat for {now - seen:.0f} s (tfpar.Config("
+                               f"liveness_timeout={self.liveness_timeout:g}))")
+                    return
 
     # -- liveness ------------------------------------------------------------------------------
     def _hub(self, sock: socket.socket):
@@ -234,6 +299,7 @@ class Cluster:
 
         def serve(reader, rank: int):
             for line in reader:
+                self._seen[f"worker {rank}"] = time.monotonic()
                 cmd, _, text = line.strip().partition(" ")
                 if cmd == "BYE":
                     with lock:
@@ -248,6 +314,7 @@ class Cluster:
             conn, _ = sock.accept()
             reader = conn.makefile("r")
             rank = int(reader.readline().split()[1])
+            self._seen[f"worker {rank}"] = time.monotonic()
             self._hub_conns[rank] = conn
             threading.Thread(target=serve, args=(reader, rank), daemon=True).start()
         sock.close()
@@ -274,8 +341,11 @@ class Cluster:
         self._hub_conn = conn
         self._send(conn, f"HELLO {self.rank}")
 
+        self._seen["worker 0"] = time.monotonic()
+
         def listen():
             for line in conn.makefile("r"):
+                self._seen["worker 0"] = time.monotonic()
                 cmd, _, text = line.strip().partition(" ")
                 if cmd == "RELEASE":
                     self._release.set()

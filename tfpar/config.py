@@ -36,6 +36,9 @@ class Config:
       search_steps: (untimed, timed) training steps per trial.
       search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials.
       search_cache: folder of remembered searches (default ~/.cache/tfpar/partitions).
+      liveness_timeout: seconds without a heartbeat after which a worker or parameter
+        server that stopped responding (not dead: stopped, swapping, cut off) is named
+        and the job stops (PS jobs; a dead process is noticed at once).
     """
 
     run_mode: str = "HYBRID"
@@ -51,6 +54,7 @@ class Config:
     search_steps: Tuple[int, int] = (5, 20)
     search_feed: Optional[Callable[[int], dict]] = None
     search_cache: Optional[str] = None
+    liveness_timeout: float = 30.0
 
     def __post_init__(self):
         mode = str(self.run_mode).upper() if isinstance(self.run_mode, str) else self.run_mode
@@ -73,6 +77,11 @@ class Config:
                 or min(self.search_steps) < 0 or self.search_steps[1] < 1):
             raise TfparError("Config.search_trials must be >= 1, search_seconds > 0 and "
                              "search_steps (untimed >= 0, timed >= 1) steps")
+        if (isinstance(self.liveness_timeout, bool)
+                or not isinstance(self.liveness_timeout, (int, float))
+                or self.liveness_timeout <= 0):
+            raise TfparError(f"Config.liveness_timeout must be a positive number of seconds, "
+                             f"got {self.liveness_timeout!r}")
         for name in ("average_dense", "average_sparse", "local_aggregation"):
             if not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")

@@ -1,7 +1,8 @@
 """A parameter-server process: `python -m tfpar.ps_server SPEC_JSON` (started by tfpar).
 
 SPEC_JSON is {"cluster": {"worker": [...], "ps": [...]}, "task": i}. The process serves
-job `ps`, task i, until it is told to stop or its parent (the host's first worker) dies.
+job `ps`, task i, until it is told to stop or its parent (the host's first worker) dies,
+and answers its parent's heartbeats (PING on stdin, PONG on stdout).
 """
 import ctypes
 import json
@@ -31,6 +32,12 @@ def main(spec_json: str):
     server = tf.distribute.Server(tf.train.ClusterSpec(spec["cluster"]), job_name="ps",
                                   task_index=spec["task"], config=config, start=True)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # Heartbeats: the parent writes PING lines and expects PONG back, so a PS that stops
+    # responding (stopped, swapping, cut off) is noticed; EOF means the parent is gone.
+    for line in sys.stdin:
+        if line.strip() == "PING":
+            sys.stdout.write("PONG\n")
+            sys.stdout.flush()
     server.join()
 
 

@@ -103,7 +103,7 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
     cluster = ps = None
     if plan.num_ps:
         from tfpar.cluster import get_cluster  # only PS jobs start servers
-        cluster = get_cluster(layout, session_config)
+        cluster = get_cluster(layout, session_config, config.liveness_timeout)
     try:
         traffic = Traffic(rewritten, worker_device(rank) if cluster else "")
         if cluster:

@@ -1,4 +1,6 @@
-"""A horovodrun worker that trains a HYBRID job until it is killed: usage: fault.py OUT_DIR.
+"""A horovodrun worker that trains a HYBRID job until it is killed or stopped.
+
+usage: fault.py OUT_DIR [LIVENESS_TIMEOUT_S]
 
 After a few steps each worker writes OUT_DIR/rank<r>.json with its pid, its PS child's pid
 and every port of the job it knows, so the test can kill something and check the leftovers.
@@ -18,7 +20,8 @@ from tfpar import cluster  # noqa: E402
 tf.compat.v1.disable_eager_execution()
 out_dir = sys.argv[1]
 graph, h = models.build(optimizer="adagrad", emb_partitions=2, shared_embedding=True)
-with tfpar.get_runner(graph) as runner:
+config = tfpar.Config(**({"liveness_timeout": float(sys.argv[2])} if len(sys.argv) > 2 else {}))
+with tfpar.get_runner(graph, config=config) as runner:
     data = models.batches(4, 8 * runner.num_workers, vocab=models.PS_VOCAB)
     lo, hi = runner.worker_id * 8, (runner.worker_id + 1) * 8
     deadline = time.time() + 300
