@@ -106,6 +106,7 @@ LIVENESS_TIMEOUT = 8
 # give up after ~30 s; the timeout here is shorter, so tfpar speaks first.)
 @pytest.mark.parametrize("victim, message", [
     ("worker 1", r"worker 1 \(host localhost, pid {pid}\) stopped responding"),
+    ("worker 0", r"worker 0 \(host localhost, pid {pid}\) \(the chief\) stopped responding"),
     ("ps", r"parameter server ps:0 \(host localhost\) \(pid {pid}\) stopped responding"),
 ])
 def test_a_stopped_process_is_named_and_stops_the_job(tmp_path, victim, message):
@@ -134,6 +135,80 @@ def test_a_stopped_process_is_named_and_stops_the_job(tmp_path, victim, message)
     assert elapsed < LIVENESS_TIMEOUT + 20, elapsed
     assert re.search(message.format(pid=pid), output), output[-5000:]
     assert "healthy" not in output and "unexpected" not in output
-    # Nothing blamed the healthy worker 0 as the one that stopped.
-    assert not re.search(r"worker 0 \(host localhost, pid \d+\) (\(the chief\) )?stopped",
-                         output)
+    # No healthy process is blamed as the one that stopped.
+    for other in ("worker 0", "worker 1"):
+        if other != victim:
+            assert not re.search(rf"{other} \(host localhost, pid \d+\)( \(the chief\))? "
+                                 "stopped", output), output[-5000:]
+
+
+CHAOS_RUNS = 4
+
+
+@pytest.mark.parametrize("run", range(CHAOS_RUNS))
+def test_chaos_a_random_role_killed_or_stopped_at_a_random_time(tmp_path, run):
+    """Each run picks (from a seed shown on failure) a role, SIGKILL or SIGSTOP, and a moment
+    after training started; the job must end in time, name that process, leave nothing."""
+    import random
+    seed = 1000 + run
+    rng = random.Random(seed)
+    victim = rng.choice(["worker 0", "worker 1", "ps"])
+    sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
+    delay = rng.uniform(0.0, 2.0)
+    proc = _start(tmp_path, str(LIVENESS_TIMEOUT))
+    info, left = [], []
+    try:
+        info = _wait_training(proc, tmp_path)
+        time.sleep(delay)
+        pid = info[0]["ps_pid"] if victim == "ps" else info[int(victim.split()[1])]["pid"]
+        os.kill(pid, sig)
+        hit_at = time.time()
+        output, _ = proc.communicate(timeout=120)
+        elapsed = time.time() - hit_at
+        pids = [i["pid"] for i in info] + [info[0]["ps_pid"]]
+        deadline = time.time() + 10
+        while time.time() < deadline and _alive(pids):
+            time.sleep(0.2)
+        left = _alive(pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in _alive([i["pid"] for i in info] + [i["ps_pid"] for i in info if i["ps_pid"]]):
+            os.kill(p, signal.SIGKILL)
+    case = f"seed {seed}: {signal.Signals(sig).name} of {victim} after {delay:.2f} s"
+    assert proc.returncode != 0, case
+    assert elapsed < LIVENESS_TIMEOUT + 20, (case, elapsed)
+    rank = victim.split()[1] if victim != "ps" else None
+    named = (rf"parameter server ps:0 \(host localhost\) \(pid {pid}\)" if victim == "ps"
+             else rf"worker {rank} \(host localhost, pid {pid}\)")
+    # horovodrun itself may name a killed worker first ("Process name: R").
+    alternative = rf"|Process name: {rank}\n" if victim != "ps" and sig == signal.SIGKILL else ""
+    assert re.search(named + alternative, output), (case, output[-5000:])
+    assert not left, (case, left)
+    assert _listening(sorted({p for i in info for p in i["ports"]})) == [], case
+
+
+def test_no_tfpar_socket_listens_on_a_wildcard_address(tmp_path):
+    """During a job, the only wildcard listeners of the job's processes are TensorFlow's
+    gRPC servers (TF 2.18 binds them to 0.0.0.0; README, security). tfpar's own liveness
+    hub binds the job's address (127.0.0.1 here) and closes once every worker connected."""
+    proc = _start(tmp_path)
+    info = []
+    try:
+        info = _wait_training(proc, tmp_path)
+        wildcard, other = set(), set()
+        for pid in [i["pid"] for i in info] + [info[0]["ps_pid"]]:
+            for c in psutil.Process(pid).net_connections(kind="tcp"):
+                if c.status == psutil.CONN_LISTEN:
+                    (wildcard if c.laddr.ip in ("0.0.0.0", "::") else other).add(c.laddr.port)
+    finally:
+        proc.kill()
+        proc.communicate()
+        _kill_all(info)
+    tf_ports = {p for i in info for p in i["tf_ports"]}
+    assert wildcard and wildcard <= tf_ports, (wildcard, tf_ports)
+
+
+def _kill_all(info):
+    for p in _alive([i["pid"] for i in info] + [i["ps_pid"] for i in info if i["ps_pid"]]):
+        os.kill(p, signal.SIGKILL)

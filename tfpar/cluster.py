@@ -58,6 +58,14 @@ def _free_port() -> Tuple[int, socket.socket]:
     return s.getsockname()[1], s
 
 
+def _job_address(host: str) -> str:
+    """The IPv4 address peers reach `host` by, or "" (every interface) if it does not resolve."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return ""
+
+
 _CLUSTER: Optional["Cluster"] = None
 
 
@@ -115,8 +123,11 @@ class Cluster:
         ps_port, ps_hold = _free_port() if first_local else (None, None)
         hub_sock = None
         if self.rank == 0:
+            # The hub listens only on the address the job knows this host by (127.0.0.1 on
+            # a one-host job), not on every interface. (TensorFlow's servers cannot: 2.18
+            # binds them to 0.0.0.0; see the README's security section.)
             hub_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            hub_sock.bind(("", 0))
+            hub_sock.bind((_job_address(self.host), 0))
             hub_sock.listen(self.size)
         me = Member(self.rank, self.host, os.getpid(), f"{self.host}:{worker_port}",
                     f"{self.host}:{ps_port}" if ps_port else "",

@@ -34,8 +34,10 @@ with tfpar.get_runner(graph, config=config) as runner:
             c = cluster._CLUSTER  # pylint: disable=protected-access
             ports = [int(a.rsplit(":", 1)[1]) for m in c.members
                      for a in (m.worker, m.ps, m.hub) if a]
+            tf_ports = [int(a.rsplit(":", 1)[1]) for m in c.members for a in (m.worker, m.ps)
+                        if a]
             info = {"pid": os.getpid(), "ps_pid": c._ps_proc.pid if c._ps_proc else None,
-                    "ports": ports}
+                    "ports": ports, "tf_ports": tf_ports}
             with open(os.path.join(out_dir, f"rank{runner.worker_id}.json"), "w") as f:
                 json.dump(info, f)
         time.sleep(0.05)
