@@ -24,7 +24,6 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfpar  # noqa: E402  (before any layer is built: it selects Keras 2 for tf.compat.v1)

@@ -7,6 +7,7 @@ no port it bound is left.
 """
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -110,51 +111,32 @@ LIVENESS_TIMEOUT = 8
     ("ps", r"parameter server ps:0 \(host localhost\) \(pid {pid}\) stopped responding"),
 ])
 def test_a_stopped_process_is_named_and_stops_the_job(tmp_path, victim, message):
-    proc = _start(tmp_path, str(LIVENESS_TIMEOUT))
-    info, left = [], []
-    try:
-        info = _wait_training(proc, tmp_path)
-        pid = info[0]["ps_pid"] if victim == "ps" else info[int(victim.split()[1])]["pid"]
-        os.kill(pid, signal.SIGSTOP)
-        stopped_at = time.time()
-        output, _ = proc.communicate(timeout=120)
-        elapsed = time.time() - stopped_at
-        pids = [i["pid"] for i in info] + [info[0]["ps_pid"]]
-        deadline = time.time() + 10
-        while time.time() < deadline and _alive(pids):
-            time.sleep(0.2)
-        left = _alive(pids)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for p in _alive([i["pid"] for i in info] + [i["ps_pid"] for i in info if i["ps_pid"]]):
-            os.kill(p, signal.SIGKILL)  # never leave a stopped process on the machine
-    assert not left, f"left running (then killed by the test): {left}"
-    assert _listening(sorted({p for i in info for p in i["ports"]})) == []
-    assert proc.returncode != 0
-    assert elapsed < LIVENESS_TIMEOUT + 20, elapsed
-    assert re.search(message.format(pid=pid), output), output[-5000:]
-    assert "healthy" not in output and "unexpected" not in output
+    hit = _hit(tmp_path, victim, signal.SIGSTOP)
+    assert hit.returncode != 0
+    assert hit.elapsed < LIVENESS_TIMEOUT + 20, hit.elapsed
+    assert re.search(message.format(pid=hit.pid), hit.output), hit.output[-5000:]
+    assert "unexpected" not in hit.output
     # No healthy process is blamed as the one that stopped.
     for other in ("worker 0", "worker 1"):
         if other != victim:
             assert not re.search(rf"{other} \(host localhost, pid \d+\)( \(the chief\))? "
-                                 "stopped", output), output[-5000:]
+                                 "stopped", hit.output), hit.output[-5000:]
+    assert not hit.left, f"left running (then killed by the test): {hit.left}"
+    assert _listening(hit.ports) == []
 
 
-CHAOS_RUNS = 4
+class _Hit:
+    """What happened after one process of a job was signalled."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
 
 
-@pytest.mark.parametrize("run", range(CHAOS_RUNS))
-def test_chaos_a_random_role_killed_or_stopped_at_a_random_time(tmp_path, run):
-    """Each run picks (from a seed shown on failure) a role, SIGKILL or SIGSTOP, and a moment
-    after training started; the job must end in time, name that process, leave nothing."""
-    import random
-    seed = 1000 + run
-    rng = random.Random(seed)
-    victim = rng.choice(["worker 0", "worker 1", "ps"])
-    sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
-    delay = rng.uniform(0.0, 2.0)
+def _hit(tmp_path, victim, sig, delay=0.0):
+    """Starts a job (liveness timeout LIVENESS_TIMEOUT), sends `sig` to `victim` ("worker
+    R" or "ps") `delay` s after training started, waits for the job's end and for its
+    processes to go; kills whatever is left (never leaving a stopped process) after
+    recording it."""
     proc = _start(tmp_path, str(LIVENESS_TIMEOUT))
     info, left = [], []
     try:
@@ -173,19 +155,35 @@ def test_chaos_a_random_role_killed_or_stopped_at_a_random_time(tmp_path, run):
     finally:
         if proc.poll() is None:
             proc.kill()
-        for p in _alive([i["pid"] for i in info] + [i["ps_pid"] for i in info if i["ps_pid"]]):
-            os.kill(p, signal.SIGKILL)
+        _kill_all(info)
+    return _Hit(pid=pid, output=output, elapsed=elapsed, left=left, returncode=proc.returncode,
+                ports=sorted({p for i in info for p in i["ports"]}))
+
+
+CHAOS_RUNS = 4
+
+
+@pytest.mark.parametrize("run", range(CHAOS_RUNS))
+def test_chaos_a_random_role_killed_or_stopped_at_a_random_time(tmp_path, run):
+    """Each run picks (from a seed shown on failure) a role, SIGKILL or SIGSTOP, and a moment
+    after training started; the job must end in time, name that process, leave nothing."""
+    seed = 1000 + run
+    rng = random.Random(seed)
+    victim = rng.choice(["worker 0", "worker 1", "ps"])
+    sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
+    delay = rng.uniform(0.0, 2.0)
+    hit = _hit(tmp_path, victim, sig, delay)
     case = f"seed {seed}: {signal.Signals(sig).name} of {victim} after {delay:.2f} s"
-    assert proc.returncode != 0, case
-    assert elapsed < LIVENESS_TIMEOUT + 20, (case, elapsed)
+    assert hit.returncode != 0, case
+    assert hit.elapsed < LIVENESS_TIMEOUT + 20, (case, hit.elapsed)
     rank = victim.split()[1] if victim != "ps" else None
-    named = (rf"parameter server ps:0 \(host localhost\) \(pid {pid}\)" if victim == "ps"
-             else rf"worker {rank} \(host localhost, pid {pid}\)")
+    named = (rf"parameter server ps:0 \(host localhost\) \(pid {hit.pid}\)" if victim == "ps"
+             else rf"worker {rank} \(host localhost, pid {hit.pid}\)")
     # horovodrun itself may name a killed worker first ("Process name: R").
     alternative = rf"|Process name: {rank}\n" if victim != "ps" and sig == signal.SIGKILL else ""
-    assert re.search(named + alternative, output), (case, output[-5000:])
-    assert not left, (case, left)
-    assert _listening(sorted({p for i in info for p in i["ports"]})) == [], case
+    assert re.search(named + alternative, hit.output), (case, hit.output[-5000:])
+    assert not hit.left, (case, hit.left)
+    assert _listening(hit.ports) == [], case
 
 
 def test_no_tfpar_socket_listens_on_a_wildcard_address(tmp_path):

@@ -49,7 +49,7 @@ def main(scenarios_path, out_dir):
                 except tfpar.TfparError as e:
                     error = str(e)
             arrays.update({f"start/{n}": v for n, v in zip(names, runner.run(variables))})
-            n, b = runner.num_workers, sc["global_batch"] // runner.num_workers
+            b = sc["global_batch"] // runner.num_workers
             lo, hi = runner.worker_id * b, (runner.worker_id + 1) * b
             before, after = sc["steps"]
             data = models.batches(sc["first_step"] + before + after, sc["global_batch"],
