@@ -114,6 +114,11 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     return g, dict(x=x, y=y, ids=ids, loss=loss, train_op=train_op, norm=norm)
 
 
+def worker_session_config():
+    """The session config of the test workers: few threads, as the suite shares 2 cores."""
+    return tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
+
+
 def batches(steps, global_batch, seed=0, vocab=None):
     """Deterministic data: per step (x, y, ids) for the whole (concatenated) batch.
 

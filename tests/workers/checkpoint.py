@@ -27,8 +27,7 @@ tf.compat.v1.disable_eager_execution()
 def main(scenarios_path, out_dir):
     with open(scenarios_path) as f:
         scenarios = json.load(f)
-    session_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                              inter_op_parallelism_threads=2)
+    session_config = models.worker_session_config()
     for sc in scenarios:
         rank = int(os.environ.get("HOROVOD_RANK", "0"))
         graph, h = models.build(init_seed=100 + rank, **sc["model"])

@@ -9,13 +9,14 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 sys.path.insert(0, TESTS)
 sys.path.insert(0, os.path.join(os.path.dirname(TESTS), "examples"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import models  # noqa: E402
 import tfpar  # noqa: E402
 import lstm_lm  # noqa: E402
 
@@ -34,8 +35,7 @@ def data(steps, global_batch, seed=0):
 def main(scenarios_path, out_dir):
     with open(scenarios_path) as f:
         scenarios = json.load(f)
-    session_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                              inter_op_parallelism_threads=2)
+    session_config = models.worker_session_config()
     for sc in scenarios:
         graph, h = lstm_lm.build_graph(**MODEL)
         config = tfpar.Config(session_config=session_config, **sc["config"])
