@@ -76,6 +76,10 @@ def test_bad_fetches_and_feeds(built):
             runner.run(h["loss"], feed_dict={"missing:0": 1.0})
         with pytest.raises(tfpar.TfparError, match="cannot fetch"):
             runner.run(3.5)
+        # A feed of the wrong shape names the user's tensor and shapes, as a Session does.
+        with pytest.raises(ValueError, match=r"Cannot feed value of shape \(2, 3\) for Tensor "
+                                             r"'?x:0'?, which has shape '?\(None, 6\)'?"):
+            runner.run(h["loss"], feed_dict={h["x"]: np.zeros((2, 3), np.float32)})
     with pytest.raises(tfpar.TfparError, match="closed"):
         runner.run(h["loss"])
 

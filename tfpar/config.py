@@ -38,7 +38,14 @@ class Config:
       search_cache: folder of remembered searches (default ~/.cache/tfpar/partitions).
       liveness_timeout: seconds without a heartbeat after which a worker or parameter
         server that stopped responding (not dead: stopped, swapping, cut off) is named
-        and the job stops (PS jobs; a dead process is noticed at once).
+        and the job stops (a dead process is noticed at once). Also how long every rank
+        waits for the others to call `get_runner`, and for a worker whose input ended
+        while another waits in a training step.
+      step_deadline: seconds after which a training step that has not finished stops the
+        job, naming the workers it waits for (None: no deadline).
+      interface: the network interface whose address tfpar's sockets bind and its servers
+        are dialled at (e.g. "eth0"); default: the one Horovod's Gloo uses
+        (`horovodrun --network-interface`), else the host name's address.
     """
 
     run_mode: str = "HYBRID"
@@ -55,6 +62,8 @@ class Config:
     search_feed: Optional[Callable[[int], dict]] = None
     search_cache: Optional[str] = None
     liveness_timeout: float = 30.0
+    step_deadline: Optional[float] = 600.0
+    interface: Optional[str] = None
 
     def __post_init__(self):
         mode = str(self.run_mode).upper() if isinstance(self.run_mode, str) else self.run_mode
@@ -82,6 +91,15 @@ class Config:
                 or self.liveness_timeout <= 0):
             raise TfparError(f"Config.liveness_timeout must be a positive number of seconds, "
                              f"got {self.liveness_timeout!r}")
+        if self.step_deadline is not None and (
+                isinstance(self.step_deadline, bool)
+                or not isinstance(self.step_deadline, (int, float)) or self.step_deadline <= 0):
+            raise TfparError(f"Config.step_deadline must be a positive number of seconds or "
+                             f"None, got {self.step_deadline!r}")
+        if self.interface is not None and (not isinstance(self.interface, str)
+                                           or not self.interface):
+            raise TfparError(f"Config.interface must be a network interface name such as "
+                             f"'eth0', got {self.interface!r}")
         for name in ("average_dense", "average_sparse", "local_aggregation"):
             if not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")

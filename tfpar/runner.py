@@ -10,7 +10,7 @@ from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from tfpar import checkpoint, partition, runtime
+from tfpar import checkpoint, liveness, partition, runtime
 from tfpar.analysis import analyse
 from tfpar.config import Config
 from tfpar.errors import TfparError, summary
@@ -25,6 +25,7 @@ from tfpar.transform.parameter_server import apply_parameter_server, worker_devi
 from tfpar.transform.traffic import PATHS, Traffic, counters
 
 log = logging.getLogger("tfpar")
+_CALLS = 0  # get_runner calls of this process (each one a rendezvous of every rank)
 
 
 def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runner":
@@ -49,8 +50,15 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     source_graph = graph if isinstance(graph, tf.Graph) else copy_graph(meta)
     analysis = analyse(source_graph, config.gradient_scope, strict=False)
 
-    runtime.horovod()
+    global _CALLS
+    _CALLS += 1
+    liveness.wait_for_arrival(_CALLS, config.liveness_timeout)  # before any collective
+    hvd = runtime.horovod()
     layout = reconcile(requested, runtime.current_layout())
+    if hvd.size() > 1 or config.run_mode != "AR":  # (a lone process may have a PS to watch)
+        liveness.get_liveness(hvd.rank(), hvd.size(),
+                              layout.hosts[layout.host_of_rank(hvd.rank())].name,
+                              config.liveness_timeout, config.step_deadline, config.interface)
     config, decisions = _partition_counts(meta, source_graph, analysis, config, layout)
     plan = make_plan(analysis, config, layout, decisions)
     runner = _start(meta, plan, config, layout,
@@ -101,9 +109,10 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
     rewritten = copy_graph(with_shard_values(meta, hvd.size(), rank))
     entries = checkpoint.entries_of(rewritten)  # the single-device model's variables
     cluster = ps = None
+    live = liveness.current()
     if plan.num_ps:
         from tfpar.cluster import get_cluster  # only PS jobs start servers
-        cluster = get_cluster(layout, session_config, config.liveness_timeout)
+        cluster = get_cluster(layout, live, session_config, config.interface)
     try:
         traffic = Traffic(rewritten, worker_device(rank) if cluster else "")
         if cluster:
@@ -119,8 +128,8 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
             target=cluster.target if cluster else "", graph=rewritten,
             config=cluster.session_config(session_config) if cluster else session_config)
     except BaseException as e:
-        if cluster:
-            cluster.abort(_reason(e))
+        if live:
+            live.abort(_reason(e))
         raise
     try:
         # One run, so an initial value that several initialisers read (a random one read
@@ -131,14 +140,15 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
             runtime.allgather_strings("initialised")  # no worker reads a PS part before this
     except BaseException as e:
         session.close()
-        if cluster:
-            cluster.abort(_reason(e))
+        if live:
+            live.abort(_reason(e))
         raise
     local = {v.op.name: v for v in rewritten.get_collection(
         tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
     assigner = checkpoint.Assigner(rewritten, local, ps.parts if ps is not None else {})
     return Runner(session, rewritten, plan, rank, hvd.size(), source, ps, trial=trial,
-                  broadcast=broadcast, entries=entries, assigner=assigner)
+                  broadcast=broadcast, entries=entries, assigner=assigner,
+                  liveness=live if hvd.size() > 1 else None)
 
 
 def _reason(e: BaseException) -> str:
@@ -173,8 +183,16 @@ class Runner:
 
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
                  source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
-                 broadcast=None, entries=(), assigner=None):
+                 broadcast=None, entries=(), assigner=None, liveness=None):
         self._session = session
+        self._liveness = liveness
+        # What makes a run a training step (it waits for the other workers): a Horovod
+        # collective or the parameter servers' step.
+        self._collective = {op.name for op in graph.get_operations()
+                            if op.type.startswith("Horovod")}
+        if ps is not None:
+            self._collective.add(ps.step.name)
+        self._is_step_cache: Dict[tuple, bool] = {}
         self._broadcast = broadcast
         self._entries = tuple(entries)
         self._assigner = assigner
@@ -283,8 +301,37 @@ class Runner:
         feeds = None
         if feed_dict:
             feeds = {self._element(k, feed=True): v for k, v in feed_dict.items()}
-        return self._session.run(mapped, feed_dict=feeds, options=options,
-                                 run_metadata=run_metadata)
+        if self._liveness is None or not self._is_step(mapped):
+            return self._session.run(mapped, feed_dict=feeds, options=options,
+                                     run_metadata=run_metadata)
+        self._liveness.step_started()
+        ended = False
+        try:
+            return self._session.run(mapped, feed_dict=feeds, options=options,
+                                     run_metadata=run_metadata)
+        except tf.errors.OutOfRangeError:
+            ended = True  # its input is exhausted: the others must be told if they go on
+            raise
+        finally:
+            self._liveness.step_finished(input_ended=ended)
+
+    def _is_step(self, mapped) -> bool:
+        """Whether running `mapped` is a training step: it reaches a collective."""
+        elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
+                    if isinstance(x, (tf.Tensor, tf.Operation))]
+        key = tuple(x.name for x in elements)
+        if key not in self._is_step_cache:
+            seen, stack, found = set(), list(elements), False
+            while stack and not found:
+                op = stack.pop()
+                if op.name in seen:
+                    continue
+                seen.add(op.name)
+                found = op.name in self._collective
+                stack.extend(t.op for t in op.inputs)
+                stack.extend(op.control_inputs)
+            self._is_step_cache[key] = found
+        return self._is_step_cache[key]
 
     def communication(self, mean_over_workers: bool = False) -> Dict[str, float]:
         """Bytes this worker moved so far, per path, from the tensors actually sent.

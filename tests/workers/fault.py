@@ -15,7 +15,7 @@ import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
 import tfpar  # noqa: E402
-from tfpar import cluster  # noqa: E402
+from tfpar import cluster, liveness  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 out_dir = sys.argv[1]
@@ -31,13 +31,12 @@ with tfpar.get_runner(graph, config=config) as runner:
         runner.run(h["train_op"], feed_dict=models.feed(h, x[lo:hi], y[lo:hi], ids[lo:hi]))
         step += 1
         if step == 3:
-            c = cluster._CLUSTER  # pylint: disable=protected-access
-            ports = [int(a.rsplit(":", 1)[1]) for m in c.members
-                     for a in (m.worker, m.ps, m.hub) if a]
+            c = cluster.current()
             tf_ports = [int(a.rsplit(":", 1)[1]) for m in c.members for a in (m.worker, m.ps)
                         if a]
-            info = {"pid": os.getpid(), "ps_pid": c._ps_proc.pid if c._ps_proc else None,
-                    "ports": ports, "tf_ports": tf_ports}
+            hub = int(liveness.current().hub_address.rsplit(":", 1)[1])
+            info = {"pid": os.getpid(), "ps_pid": c.ps_pid, "ports": tf_ports + [hub],
+                    "tf_ports": tf_ports}
             with open(os.path.join(out_dir, f"rank{runner.worker_id}.json"), "w") as f:
                 json.dump(info, f)
         time.sleep(0.05)

@@ -1,0 +1,512 @@
+"""Liveness of a job's processes: arrival, heartbeats, training-step deadlines, the last barrier.
+
+A job must never stall silently. Every worker of a multi-worker job keeps one authenticated
+TCP link to worker 0 (the hub):
+
+- **Arrival.** Before the first collective, each rank records in horovodrun's rendezvous
+  store that it reached `get_runner`; a rank that never does is named within
+  `Config.liveness_timeout` (a Horovod collective would wait for it forever).
+- **Death and silence.** A process that dies closes its link (or its parent reports it);
+  one that stops responding (SIGSTOP, swapping, a cut link) stops sending heartbeats. The
+  hub tells everyone which process it was and every process exits with `EXIT_PEER_DIED`.
+- **Steps.** Heartbeats carry each worker's training-step state, so the hub names a worker
+  that keeps the others waiting: one whose input ended (or that finished) while others wait
+  in a step, for longer than the liveness timeout; and any training step over
+  `Config.step_deadline`, with the workers that are not in it.
+- **The last barrier.** At exit each worker waits until every worker is done, so no
+  parameter server stops while another worker may still read from it.
+
+The hub listens on the job's address only until every worker has joined, and a worker joins
+by proving it knows the job's secret (HMAC challenge-response, both ways); the secret
+travels inside Horovod's allgather, never over the hub's port.
+"""
+from __future__ import annotations
+
+import atexit
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import struct
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Dict, List, Optional
+
+from tfpar.errors import TfparError, summary
+
+EXIT_PEER_DIED = 17  # what a process exits with when another process of its job failed
+_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+# -- addresses ---------------------------------------------------------------------------------
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface `name` (Linux), or raise OSError."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                             struct.pack("256s", name.encode()[:15]))
+    return socket.inet_ntoa(packed[20:24])
+
+
+def job_address(host: str, interface: Optional[str] = None) -> str:
+    """The IPv4 address this host uses for the job: that of `interface` (tfpar.Config), else
+    of the interface Horovod's Gloo uses (HOROVOD_GLOO_IFACE), else `host` resolved; "" if
+    none is known (then a socket binds every interface)."""
+    if interface:
+        try:
+            return interface_address(interface)
+        except OSError as e:
+            raise TfparError(f"tfpar.Config(interface={interface!r}): this host has no IPv4 "
+                             f"address on that interface ({e.strerror}); name one that "
+                             "`ip -4 addr` lists") from None
+    gloo = os.environ.get("HOROVOD_GLOO_IFACE")
+    if gloo:
+        try:
+            return interface_address(gloo)
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return ""
+
+
+# -- arrival -------------------------------------------------------------------------------------
+def wait_for_arrival(call: int, timeout: float) -> None:
+    """Returns once every rank of the horovodrun job has reached its `call`-th get_runner.
+
+    Uses horovodrun's rendezvous key-value store (HTTP; Gloo jobs), so it needs no Horovod
+    collective, which would wait forever for a rank that never comes. Raises a TfparError
+    naming the ranks that did not arrive within `timeout` seconds. A job not started by
+    `horovodrun --gloo` (one process, or MPI) is not checked.
+    """
+    addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    size = int(os.environ.get("HOROVOD_SIZE", "1"))
+    if not addr or not port or size <= 1:
+        return
+    rank = int(os.environ["HOROVOD_RANK"])
+    base = f"http://{addr}:{port}/tfpar_arrival_{call}"
+    _http(base + f"/{rank}", b"here")
+    missing = [r for r in range(size) if r != rank]
+    deadline = time.monotonic() + timeout
+    while missing:
+        missing = [r for r in missing if _http(base + f"/{r}") is None]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            which = ", ".join(map(str, missing))
+            raise TfparError(
+                f"rank(s) {which} of the job did not call tfpar.get_runner within "
+                f"{timeout:g} s (tfpar.Config(liveness_timeout={timeout:g})): every worker "
+                "must call tfpar.get_runner, the same number of times")
+        time.sleep(0.1)
+
+
+def _http(url: str, put: Optional[bytes] = None) -> Optional[bytes]:
+    """GET (None if absent) or PUT one key of horovodrun's rendezvous store."""
+    request = urllib.request.Request(url, data=put, method="PUT" if put is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.read()
+    except urllib.error.HTTPError as e:
+        if e.code == 404 and put is None:
+            return None
+        raise TfparError(f"horovodrun's rendezvous store at {url} answered {e.code}") from None
+    except OSError as e:
+        raise TfparError(f"cannot reach horovodrun's rendezvous store at {url}: {e}") from None
+
+
+# -- the liveness links --------------------------------------------------------------------------
+def _mac(secret: str, text: str) -> str:
+    return hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def _lines(reader):
+    """The lines of a link until it closes or breaks (a reset is a close)."""
+    try:
+        yield from reader
+    except OSError:
+        return
+
+
+class _State:
+    """A worker's training-step state as the hub knows it."""
+
+    __slots__ = ("kind", "since", "steps", "input_ended")
+
+    def __init__(self, kind: str = "idle", since: float = 0.0, steps: int = 0):
+        self.kind, self.since, self.steps = kind, since, steps
+        self.input_ended = False  # its last training step raised OutOfRangeError
+
+
+_LIVENESS: Optional["Liveness"] = None
+
+
+def get_liveness(rank: int, size: int, host: str, liveness_timeout: float,
+                 step_deadline: Optional[float], interface: Optional[str]) -> "Liveness":
+    """This process's liveness links, made by the first runner of the job (a collective)."""
+    global _LIVENESS
+    if _LIVENESS is None:
+        from tfpar import runtime
+        hub, secret = None, ""
+        address = job_address(host, interface)  # every rank checks Config.interface
+        if rank == 0 and size > 1:  # a lone process watches only its PS
+            hub = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            hub.bind((address, 0))
+            hub.listen(size)
+            secret = secrets.token_hex(32)
+        me = {"rank": rank, "host": host, "pid": os.getpid(),
+              "hub": "%s:%d" % hub.getsockname() if hub else "", "secret": secret}
+        members = [json.loads(s) for s in runtime.allgather_strings(json.dumps(me))]
+        _LIVENESS = Liveness(rank, members, members[0]["secret"], liveness_timeout,
+                             step_deadline, hub)
+    return _LIVENESS
+
+
+def current() -> Optional["Liveness"]:
+    """The liveness links of this process, if a runner started them."""
+    return _LIVENESS
+
+
+class Liveness:
+    """This worker's side of the job's liveness links (see the module docstring).
+
+    `members`: per rank {"rank", "host", "pid", "hub"}; `hub_socket`: worker 0's listening
+    socket. Processes this worker watches itself (its parameter server) join through
+    `watch` and `beat`; `on_exit` callbacks run before the process leaves (stop the PS).
+    """
+
+    def __init__(self, rank: int, members: List[dict], secret: str, timeout: float,
+                 step_deadline: Optional[float], hub_socket: Optional[socket.socket] = None):
+        self.rank, self.size = rank, len(members)
+        self.members = members
+        self.timeout = float(timeout)
+        self.step_deadline = step_deadline
+        self._secret = secret
+        self._seen: Dict[str, float] = {}  # watched key -> last sign of life (monotonic)
+        self._names: Dict[str, str] = {}  # watched local process key -> its description
+        self._kills: Dict[str, Callable[[], None]] = {}
+        self._on_exit: List[Callable[[], None]] = []
+        self._states: Dict[int, _State] = {r: _State(since=time.monotonic())
+                                           for r in range(self.size)}
+        self._mine = self._states[rank]
+        self._send_lock = threading.Lock()
+        self._hub_lock = threading.Lock()
+        self._die_lock = threading.Lock()
+        self._conns: Dict[int, socket.socket] = {}  # hub: rank -> link
+        self._link: Optional[socket.socket] = None  # others: the link to the hub
+        self._byes: set = set()
+        self._release = threading.Event()
+        self.closing = False
+        self.dying = False
+        self._aborted = False
+        self.hub_address = members[0]["hub"]
+
+        now = time.monotonic()
+        if rank == 0:
+            for r in range(1, self.size):
+                self._seen[f"worker {r}"] = now  # one that never connects times out too
+            if hub_socket is not None:
+                threading.Thread(target=self._accept, args=(hub_socket,), daemon=True,
+                                 name="tfpar-hub").start()
+        else:
+            self._connect()
+        atexit.register(self.close)
+        self._install_excepthook()
+        threading.Thread(target=self._watchdog, daemon=True, name="tfpar-watchdog").start()
+
+    # -- what the runner and the cluster use ---------------------------------------------------
+    def describe(self, rank: int) -> str:
+        m = self.members[rank]
+        return f"worker {rank} (host {m['host']}, pid {m['pid']})"
+
+    def step_started(self):
+        self._mine.input_ended = False
+        self._set_state("step")
+
+    def step_finished(self, input_ended: bool = False):
+        """A training step ended; `input_ended`: it raised OutOfRangeError (input exhausted)."""
+        if self._mine.kind == "step" and not input_ended:
+            self._mine.steps += 1
+        self._mine.input_ended = input_ended
+        self._set_state("ended" if input_ended else "idle")
+
+    def _set_state(self, kind: str):
+        self._mine.kind, self._mine.since = kind, time.monotonic()
+
+    def watch(self, key: str, name: str, kill: Callable[[], None]):
+        """Watch a local process (key "ps t"): `beat(key)` on each sign of life; after the
+        timeout without one it is killed and named."""
+        self._names[key], self._kills[key] = name, kill
+        self._seen[key] = time.monotonic()
+
+    def beat(self, key: str):
+        self._seen[key] = time.monotonic()
+
+    def on_exit(self, fn: Callable[[], None]):
+        self._on_exit.append(fn)
+
+    # -- the hub (worker 0) ----------------------------------------------------------------------
+    def _accept(self, sock: socket.socket):
+        """Admit each worker that proves it knows the job's secret (`_admit` closes the port
+        once all are in)."""
+        while True:
+            try:
+                conn, peer = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._admit, args=(conn, peer, sock), daemon=True).start()
+
+    def _admit(self, conn: socket.socket, peer, sock: socket.socket):
+        try:
+            conn.settimeout(_HANDSHAKE_TIMEOUT_S)
+            reader = conn.makefile("r")
+            nonce = secrets.token_hex(16)
+            conn.sendall(f"CHALLENGE {nonce}\n".encode())
+            word, rank_text, their_nonce, mac = (reader.readline().split() + ["", "", "", ""])[:4]
+            rank = int(rank_text) if rank_text.isdigit() else -1
+            ok = (word == "HELLO" and 0 < rank < self.size and rank not in self._conns
+                  and hmac.compare_digest(mac, _mac(self._secret, f"worker {rank} {nonce}")))
+            if not ok:
+                raise ValueError("it did not prove it belongs to this job")
+            conn.sendall(f"WELCOME {_mac(self._secret, f'hub {their_nonce}')}\n".encode())
+            conn.settimeout(None)
+        except (OSError, ValueError) as e:
+            sys.stderr.write(f"tfpar: refused a connection to the liveness hub from "
+                             f"{peer[0]}:{peer[1]}: {e}\n")
+            conn.close()
+            return
+        with self._hub_lock:
+            self._conns[rank] = conn
+            self._seen[f"worker {rank}"] = time.monotonic()
+            if len(self._conns) == self.size - 1:
+                sock.close()  # everyone is in: nothing listens any more
+        self._serve(reader, rank)
+
+    def _serve(self, reader, rank: int):
+        key = f"worker {rank}"
+        for line in _lines(reader):
+            self._seen[key] = time.monotonic()
+            cmd, _, text = line.strip().partition(" ")
+            if cmd == "PING" and text:
+                kind, steps, age = text.split()
+                state = self._states[rank]
+                state.kind, state.steps = kind, int(steps)
+                state.since = time.monotonic() - float(age)
+            elif cmd == "BYE":
+                steps, ended = (text.split() + ["0", "0"])[:2]
+                with self._hub_lock:
+                    self._byes.add(rank)
+                    state = self._states[rank]
+                    state.kind, state.steps = "bye", int(steps)
+                    state.input_ended = ended == "1"
+                    self._maybe_release()
+            elif cmd == "DEAD":
+                self._fail(text)
+        if rank not in self._byes and not self._release.is_set():
+            self._fail(f"{self.describe(rank)} died")
+
+    def _maybe_release(self):
+        if len(self._byes) == self.size:
+            for conn in self._conns.values():
+                self._send(conn, "RELEASE")
+            self._release.set()
+
+    def _check_steps(self):
+        """Hub: name the worker(s) a training step waits for, once it has waited too long."""
+        now = time.monotonic()
+        for r, state in list(self._states.items()):
+            if state.kind != "step":
+                continue
+            waited = now - state.since
+            gone = [e for e, s in self._states.items() if s.kind in ("ended", "bye")]
+            if gone and waited > self.timeout:
+                e = gone[0]
+                s = self._states[e]
+                what = "ran out of input" if s.input_ended else "finished"
+                self._fail(
+                    f"{self.describe(e)} {what} after {s.steps} training step(s) while "
+                    f"{self.describe(r)} has waited {waited:.0f} s for it in step "
+                    f"{state.steps + 1}: every worker must run the same number of training "
+                    "steps (give each worker as many batches: tfpar.shard(dataset) and "
+                    "batch(..., drop_remainder=True), or stop every worker at one step count)")
+                return
+            if self.step_deadline and waited > self.step_deadline:
+                outside = [(e, s) for e, s in self._states.items() if s.kind != "step"]
+                if outside:
+                    why = "; it waits for " + ", ".join(
+                        f"{self.describe(e)}, which is not in a training step "
+                        f"({now - s.since:.0f} s after its step {s.steps})" for e, s in outside)
+                else:
+                    why = ("; every worker is in it (a step slower than the deadline, or a "
+                           "collective or parameter server that does not answer)")
+                self._fail(f"training step {state.steps + 1} of {self.describe(r)} has run "
+                           f"for {waited:.0f} s, over tfpar.Config(step_deadline="
+                           f"{self.step_deadline:g}){why}")
+                return
+
+    # -- the other workers ---------------------------------------------------------------------
+    def _connect(self):
+        host, port = self.hub_address.rsplit(":", 1)
+        deadline = time.monotonic() + max(60.0, self.timeout)
+        while True:
+            try:
+                conn = socket.create_connection((host, int(port)), timeout=_HANDSHAKE_TIMEOUT_S)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TfparError(f"worker {self.rank} cannot reach worker 0's liveness hub "
+                                     f"at {self.hub_address}") from None
+                time.sleep(0.2)
+        reader = conn.makefile("r")
+        mine = secrets.token_hex(16)
+        try:
+            word, nonce = (reader.readline().split() + ["", ""])[:2]
+            conn.sendall(f"HELLO {self.rank} {mine} "
+                         f"{_mac(self._secret, f'worker {self.rank} {nonce}')}\n".encode())
+            answer, mac = (reader.readline().split() + ["", ""])[:2]
+        except OSError:
+            word = answer = mac = ""
+        if word != "CHALLENGE" or answer != "WELCOME" or not hmac.compare_digest(
+                mac, _mac(self._secret, f"hub {mine}")):
+            conn.close()
+            raise TfparError(f"worker {self.rank}: the process at {self.hub_address} is not "
+                             "this job's liveness hub (it failed the job-secret check)")
+        conn.settimeout(None)
+        self._link = conn
+        self._seen["worker 0"] = time.monotonic()
+
+        def listen():
+            for line in _lines(reader):
+                self._seen["worker 0"] = time.monotonic()
+                cmd, _, text = line.strip().partition(" ")
+                if cmd == "RELEASE":
+                    self._release.set()
+                    return
+                if cmd == "DEAD":
+                    self._die(text)
+            if not self._release.is_set():
+                self._die(f"{self.describe(0)} (the chief) died")
+
+        threading.Thread(target=listen, daemon=True, name="tfpar-liveness").start()
+
+    # -- heartbeats and the watchdog -----------------------------------------------------------
+    def interval(self) -> float:
+        return max(0.2, self.timeout / 6)
+
+    def _heartbeats(self):
+        while not self._release.is_set():
+            if self.rank == 0:
+                for conn in list(self._conns.values()):
+                    self._send(conn, "PING")
+            elif self._link is not None:
+                s = self._mine
+                self._send(self._link, f"PING {s.kind} {s.steps} "
+                                       f"{time.monotonic() - s.since:.3f}")
+            time.sleep(self.interval())
+
+    def _watchdog(self):
+        threading.Thread(target=self._heartbeats, daemon=True, name="tfpar-heartbeat").start()
+        while not self._release.is_set() and not self._aborted:
+            time.sleep(self.interval())
+            now = time.monotonic()
+            for key, seen in list(self._seen.items()):
+                if key.startswith("worker ") and int(key.split()[1]) in self._byes:
+                    continue  # done: it waits for the others without a step to run
+                if now - seen > self.timeout and not self._release.is_set():
+                    if key in self._kills:
+                        self._kills[key]()  # a stopped process ignores SIGTERM
+                        name = self._names[key]
+                    else:
+                        rank = int(key.split()[1])
+                        name = self.describe(rank) + (" (the chief)" if rank == 0 else "")
+                    self._fail(f"{name} stopped responding: no heartbeat for {now - seen:.0f} "
+                               f"s (tfpar.Config(liveness_timeout={self.timeout:g}))")
+                    return
+            if self.rank == 0 and not self._release.is_set():
+                self._check_steps()
+
+    # -- failing and closing ---------------------------------------------------------------------
+    def _send(self, conn: socket.socket, line: str):
+        with self._send_lock:
+            try:
+                conn.sendall((line + "\n").encode())
+            except OSError:
+                pass
+
+    def _tell_everyone(self, line: str):
+        if self.rank == 0:
+            for conn in list(self._conns.values()):
+                self._send(conn, line)
+        elif self._link is not None:
+            self._send(self._link, line)
+
+    def fail(self, text: str):
+        """A process of this job failed (`text` names it): tell everyone, then stop."""
+        self._fail(text)
+
+    def _fail(self, text: str):
+        self._tell_everyone(f"DEAD {text}")
+        self._die(text)
+
+    def _die(self, text: str):
+        with self._die_lock:
+            if self._aborted or self.dying or (self.closing and self._release.is_set()):
+                return  # this process is already on its way out, or done
+            self.dying = True  # what stopping its own PS causes is not news
+        sys.stderr.write(f"tfpar: {text}; stopping worker {self.rank} of the job\n")
+        sys.stderr.flush()
+        self._run_exit_callbacks()
+        os._exit(EXIT_PEER_DIED)
+
+    def abort(self, reason: str):
+        """This worker failed: every other process of the job stops too."""
+        if self.closing:
+            return
+        self.closing = self._aborted = True
+        text = f"{self.describe(self.rank)} failed: {reason}"
+        sys.stderr.write(f"tfpar: {text}; stopping the job\n")
+        sys.stderr.flush()
+        self._tell_everyone(f"DEAD {text}")
+        self._run_exit_callbacks()
+
+    def close(self):
+        """Waits until every worker is done, then runs the exit callbacks (at exit)."""
+        if self.closing:
+            return
+        self.closing = True
+        self._mine.kind, self._mine.since = "bye", time.monotonic()
+        if self.rank == 0:
+            with self._hub_lock:
+                self._byes.add(0)
+                self._maybe_release()
+        elif self._link is not None:
+            self._send(self._link, f"BYE {self._mine.steps} {int(self._mine.input_ended)}")
+        self._release.wait()
+        self._run_exit_callbacks()
+
+    def _run_exit_callbacks(self):
+        while self._on_exit:
+            try:
+                self._on_exit.pop()()
+            except Exception:  # noqa: BLE001 (leaving anyway; the others still run)
+                pass
+
+    def _install_excepthook(self):
+        """A worker dying of an exception stops the job at once (others would wait on it)."""
+        previous = sys.excepthook
+
+        def hook(kind, value, tb):
+            while self.dying:  # the failure was another process's, already reported:
+                time.sleep(1)  # `_die` ends this process
+            self.abort(summary(value))
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
+
