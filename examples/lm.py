@@ -56,7 +56,8 @@ def read_text(path, vocab):
 
 def build_graph(words=None, vocab=100_000, context=4, emb_dim=64, hidden=128, batch_size=128,
                 num_sampled=64, lr=0.2, partitions=None, wrap_optimizer=None,
-                min_partitions=None, max_partitions=None, feed=False, sampled=True):
+                min_partitions=None, max_partitions=None, feed=False, sampled=True,
+                device=None):
     """The single-device training graph; returns (graph, loss, train_op).
 
     words: the text as word ids (default: generated Zipf text of `vocab` words).
@@ -69,11 +70,13 @@ def build_graph(words=None, vocab=100_000, context=4, emb_dim=64, hidden=128, ba
     feed: read the context words and targets from placeholders `previous` [batch, context]
     and `target` [batch, 1] instead of the generated text (for tests).
     sampled: sampled softmax (sparse softmax weights); False: a full softmax (dense).
+    device: a device function for every op (TensorFlow's `replica_device_setter`, for the
+    classic parameter-server baseline); tfpar needs none.
     """
     if words is None and not feed:
         words = zipf_text(vocab)
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), tf1.device(device):
         tf1.set_random_seed(1)
         if feed:
             previous = tf1.placeholder(tf.int64, [None, context], name="previous")

@@ -37,7 +37,8 @@ def run_one(system, n, vocab, steps, warmup, two_hosts=False):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "summary.json")
         if system == "horovod_sparse_as_dense":
-            script = [os.path.join(REPO, "scripts", "lm_horovod_baseline.py")]
+            script = [os.path.join(REPO, "scripts", "lm_horovod_baseline.py"),
+                      "--sparse-as-dense"]
         else:
             # One part per parameter server, as issue 3 measured; benchmark_partitions.py
             # measures the search.

@@ -35,6 +35,19 @@ if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
   command -v cmake >/dev/null || { echo "tfpar bootstrap: cmake is required to build Horovod" >&2; exit 1; }
 fi
 
+# The emulated cluster (tfpar/emulate.py: network namespaces, tc, one sshd per host) used by
+# tests/test_emulated_hosts.py and scripts/benchmark_cluster.py.
+if ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ] || ! command -v tc >/dev/null \
+    || ! command -v unshare >/dev/null; then
+  log "installing openssh-server, iproute2 and util-linux (for the emulated cluster)"
+  if command -v apt-get >/dev/null; then
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 util-linux \
+       >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+       apt-get install -y -qq openssh-server iproute2 util-linux >/dev/null)) || true
+  fi
+  [ -x /usr/sbin/sshd ] || { echo "tfpar bootstrap: OpenSSH's sshd is required (apt-get install openssh-server)" >&2; exit 1; }
+fi
+
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
 PY="$VENV/bin/python"
 

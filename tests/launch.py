@@ -15,12 +15,23 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 
 
-def horovodrun(np_, script, *args, hosts=None, timeout=300, env=None):
-    """Runs `script` on np_ local workers; returns the CompletedProcess (output in .stdout)."""
+def horovodrun_command(np_, script, *args, hosts=None, cluster=None):
+    """The horovodrun command line (on the first host of an emulated `cluster` if given,
+    as a user logged in there would type it) and its environment."""
     hosts = hosts or f"localhost:{np_}"
     cmd = [HOROVODRUN, "--gloo", "-np", str(np_), "-H", hosts, sys.executable, script, *args]
-    full_env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                    TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
+    if cluster is not None:
+        cmd = cluster.command(cmd[:2] + ["--disable-cache"] + cmd[2:])
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    return cmd, env
+
+
+def horovodrun(np_, script, *args, hosts=None, timeout=300, env=None, cluster=None):
+    """Runs `script` on np_ workers (local, or on an emulated cluster's hosts); returns the
+    CompletedProcess (output in .stdout, seconds in .elapsed)."""
+    cmd, full_env = horovodrun_command(np_, script, *args, hosts=hosts, cluster=cluster)
+    full_env.update(env or {})
     start = time.time()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout, env=full_env, cwd=REPO)
@@ -28,14 +39,14 @@ def horovodrun(np_, script, *args, hosts=None, timeout=300, env=None):
     return proc
 
 
-def run_scenarios(out_dir, n, scenarios, hosts=None, timeout=600):
+def run_scenarios(out_dir, n, scenarios, hosts=None, timeout=600, cluster=None):
     """Runs the equivalence worker's scenarios as one horovodrun job of n workers; the
     results land in out_dir/<scenario>/rank<r>.npz."""
     spec = os.path.join(str(out_dir), "scenarios.json")
     with open(spec, "w") as f:
         json.dump(scenarios, f)
     proc = horovodrun(n, os.path.join(TESTS, "workers", "equivalence.py"), spec, str(out_dir),
-                      hosts=hosts, timeout=timeout)
+                      hosts=hosts, timeout=timeout, cluster=cluster)
     assert proc.returncode == 0, proc.stdout[-8000:]
     return out_dir
 

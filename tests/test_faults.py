@@ -11,21 +11,19 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from launch import HOROVODRUN, REPO, TESTS
+from launch import REPO, TESTS, horovodrun_command
 
 FAULT_WORKER = os.path.join(TESTS, "workers", "fault.py")
 
 
-def _start(out_dir, *args):
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    cmd = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, FAULT_WORKER,
-           str(out_dir), *args]
+def _start(out_dir, *args, np_=2, hosts=None, cluster=None):
+    cmd, env = horovodrun_command(np_, FAULT_WORKER, str(out_dir), *args, hosts=hosts,
+                                  cluster=cluster)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=REPO)
 
@@ -132,22 +130,23 @@ class _Hit:
         self.__dict__.update(kw)
 
 
-def _hit(tmp_path, victim, sig, delay=0.0):
+def _hit(tmp_path, victim, sig, delay=0.0, np_=2, hosts=None, cluster=None):
     """Starts a job (liveness timeout LIVENESS_TIMEOUT), sends `sig` to `victim` ("worker
-    R" or "ps") `delay` s after training started, waits for the job's end and for its
-    processes to go; kills whatever is left (never leaving a stopped process) after
-    recording it."""
-    proc = _start(tmp_path, str(LIVENESS_TIMEOUT))
+    R", "ps" for the first host's PS, "ps R" for the PS that rank R spawned) `delay` s
+    after training started, waits for the job's end and for its processes to go; kills
+    whatever is left (never leaving a stopped process) after recording it."""
+    proc = _start(tmp_path, str(LIVENESS_TIMEOUT), np_=np_, hosts=hosts, cluster=cluster)
     info, left = [], []
     try:
-        info = _wait_training(proc, tmp_path)
+        info = _wait_training(proc, tmp_path, n=np_)
         time.sleep(delay)
-        pid = info[0]["ps_pid"] if victim == "ps" else info[int(victim.split()[1])]["pid"]
+        kind, _, rank = victim.partition(" ")
+        pid = info[int(rank or 0)]["ps_pid" if kind == "ps" else "pid"]
         os.kill(pid, sig)
         hit_at = time.time()
         output, _ = proc.communicate(timeout=120)
         elapsed = time.time() - hit_at
-        pids = [i["pid"] for i in info] + [info[0]["ps_pid"]]
+        pids = [i["pid"] for i in info] + [i["ps_pid"] for i in info if i["ps_pid"]]
         deadline = time.time() + 10
         while time.time() < deadline and _alive(pids):
             time.sleep(0.2)
@@ -157,7 +156,7 @@ def _hit(tmp_path, victim, sig, delay=0.0):
             proc.kill()
         _kill_all(info)
     return _Hit(pid=pid, output=output, elapsed=elapsed, left=left, returncode=proc.returncode,
-                ports=sorted({p for i in info for p in i["ports"]}))
+                ports=sorted({p for i in info for p in i["ports"]}), info=info)
 
 
 CHAOS_RUNS = 4

@@ -36,7 +36,8 @@ with tfpar.get_runner(graph, config=config) as runner:
                         if a]
             hub = int(liveness.current().hub_address.rsplit(":", 1)[1])
             info = {"pid": os.getpid(), "ps_pid": c.ps_pid, "ports": tf_ports + [hub],
-                    "tf_ports": tf_ports}
+                    "tf_ports": tf_ports, "hub": liveness.current().hub_address,
+                    "servers": [a for m in c.members for a in (m.worker, m.ps) if a]}
             with open(os.path.join(out_dir, f"rank{runner.worker_id}.json"), "w") as f:
                 json.dump(info, f)
         time.sleep(0.05)
