@@ -93,6 +93,16 @@ def main():
                                            batch_size=args.batch_size, partitions=num_ps,
                                            wrap_optimizer=sync, device=setter)
     with graph.as_default():
+        # Every worker says when it is done, so the chief stops its PS only after.
+        with tf1.device("/job:ps/task:0"):
+            done_queue = tf1.FIFOQueue(n, tf.int32, shared_name="benchmark_done")
+            mark_done, done_count = done_queue.enqueue(rank), done_queue.size()
+        # SyncReplicasOptimizer hands each update's tokens to whichever workers ask first,
+        # so at the end some may wait for a token that the others, done, will never earn:
+        # the chief releases them with spare tokens (after the timed steps).
+        step = tf.identity(tf1.train.get_global_step())
+        release = made["opt"]._sync_token_queue.enqueue_many(  # pylint: disable=protected-access
+            tf.fill([n * args.steps], step))
         hook = made["opt"].make_session_run_hook(rank == 0)
         scaffold = tf1.train.Scaffold()
         if rank == 0:
@@ -121,6 +131,12 @@ def main():
                "words_per_s": timed * args.batch_size * n / elapsed,
                "loss_first": float(np.mean(losses[:args.log_every])),
                "loss_last": float(np.mean(losses[-args.log_every:]))}
+    if rank == 0:
+        sess.run(release)
+        while sess.run(done_count) < n - 1:
+            time.sleep(0.05)
+    else:
+        sess.run(mark_done)
     _allgather("done")  # no PS stops while a worker still trains
     if rank == 0 and args.json:
         with open(args.json, "w") as f:

@@ -1,0 +1,313 @@
+"""Benchmark: the language model on an emulated cluster, tfpar against Horovod and TF's PS.
+
+    sudo .venv/bin/python scripts/benchmark_cluster.py [--hosts 2] [--rates 100mbit 1gbit]
+        [--vocabs 200000 50000] [--batch 2048] [--repeats 1]
+
+Hosts are network namespaces on links shaped with tc (`tfpar.emulate`); horovodrun starts on
+the first host and reaches the others over ssh, as on a real cluster. N = 2 workers per
+host. For each link rate, vocabulary and N, the systems run interleaved (each repeat runs
+every system once): tfpar HYBRID, AR and PS (examples/lm.py), plain Horovod's
+DistributedOptimizer (allgather for sparse gradients, and `sparse_as_dense`;
+scripts/lm_horovod_baseline.py) and TensorFlow's classic parameter servers
+(`replica_device_setter` + `SyncReplicasOptimizer`; scripts/lm_tf_ps_baseline.py).
+
+Wire bytes are the hosts' link counters (veth statistics) read when the chief prints the
+warm-up step and the last step, so start-up is excluded; they are shown per step per worker
+beside each system's analytic bytes (Parallax, Table 3, on this topology: ring collectives
+whose ring crosses each host boundary once, parameters spread evenly over one PS per host)
+and beside the floor: HYBRID's model with duplicate ids removed. Writes
+docs/benchmark_cluster.{md,json,png}.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from tfpar.emulate import EmulatedCluster  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+SYSTEMS = ("HYBRID", "AR", "PS", "horovod", "horovod_sparse_as_dense", "tf_ps")
+LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
+          "horovod": "Horovod (allgather)", "horovod_sparse_as_dense": "Horovod sparse_as_dense",
+          "tf_ps": "TF parameter servers"}
+CONTEXT, EMB, HIDDEN, SAMPLED = 4, 64, 128, 64  # examples/lm.py's defaults
+IDX = 8  # bytes of an int64 index per row
+
+
+def rate_bits(rate: str) -> float:
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for u, f in units.items():
+        if rate.endswith(u):
+            return float(rate[:-len(u)]) * f
+    return float(rate)
+
+
+# -- the analytic model ---------------------------------------------------------------------
+def batch_rows(vocab, batch, workers_per_host=2, trials=5):
+    """Mean rows per step: per worker with duplicates (`ids`), unique per worker (`w`) and
+    unique per host (`h`), for the embedding (context words) and the sampled softmax
+    (targets plus the sampled classes), on the generated text."""
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    import lm
+    words = lm.zipf_text(vocab)
+    rng = np.random.RandomState(0)
+    out = {k: [] for k in ("emb_ids", "emb_w", "emb_h", "soft_ids", "soft_w", "soft_h")}
+    for _ in range(trials):
+        host_emb, host_soft = [], []
+        sampled = set(rng.choice(vocab, size=min(SAMPLED, vocab - 1), replace=False).tolist())
+        for _ in range(workers_per_host):
+            starts = rng.randint(0, len(words) - CONTEXT - 1, size=batch)
+            ctx = words[starts[:, None] + np.arange(CONTEXT)].ravel()
+            targets = words[starts + CONTEXT]
+            out["emb_ids"].append(len(ctx))
+            out["emb_w"].append(len(np.unique(ctx)))
+            out["soft_ids"].append(len(targets) + len(sampled))
+            out["soft_w"].append(len(set(targets.tolist()) | sampled))
+            host_emb.append(ctx)
+            host_soft.append(targets)
+        out["emb_h"].append(len(np.unique(np.concatenate(host_emb))))
+        out["soft_h"].append(len(set(np.concatenate(host_soft).tolist()) | sampled))
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
+def model_bytes(system, vocab, n, hosts, rows):
+    """Bytes per step that cross host links in total, divided by N (per worker)."""
+    emb_row, soft_row = EMB * 4, (HIDDEN + 1) * 4  # softmax weights row + bias element
+    dense = (CONTEXT * EMB * HIDDEN + HIDDEN) * 4
+    sparse_all = vocab * (EMB * 4 + soft_row)
+    remote = (hosts - 1) / hosts
+    crossing = hosts if hosts > 1 else 0  # ring edges from one host to the next
+
+    def ring_allreduce(w):
+        return crossing * 2.0 * w * (n - 1) / n
+
+    def ring_allgather(per_worker):
+        return crossing * (n - 1) * per_worker
+
+    def ps(pull_w, push_h):  # rows each worker reads, rows each host pushes (with indices)
+        return n * pull_w * remote + hosts * push_h * remote
+
+    sparse_unique_pull = rows["emb_w"] * (emb_row + IDX) + rows["soft_w"] * (soft_row + IDX)
+    sparse_host_push = rows["emb_h"] * (emb_row + IDX) + rows["soft_h"] * (soft_row + IDX)
+    sparse_dup = rows["emb_ids"] * (emb_row + IDX) + rows["soft_ids"] * (soft_row + IDX)
+    if system == "floor":
+        total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
+    elif system == "HYBRID":
+        total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
+    elif system == "PS":
+        total = ps(sparse_unique_pull + dense, sparse_host_push + dense)
+    elif system in ("AR", "horovod"):
+        total = ring_allreduce(dense) + ring_allgather(sparse_dup)
+    elif system == "horovod_sparse_as_dense":
+        total = ring_allreduce(dense + sparse_all)
+    elif system == "tf_ps":  # every worker pulls and pushes for itself, duplicates included
+        total = ps(sparse_dup + dense, 0) + n * (sparse_dup + dense) * remote
+    else:
+        raise ValueError(system)
+    return total / n
+
+
+# -- running one system ---------------------------------------------------------------------
+def command(system, vocab, batch, steps, warmup, hosts):
+    if system in ("HYBRID", "AR", "PS"):
+        script = [os.path.join(REPO, "examples", "lm.py"), "--run-mode", system,
+                  "--partitions", str(hosts)]
+    elif system == "tf_ps":
+        script = [os.path.join(REPO, "scripts", "lm_tf_ps_baseline.py")]
+    else:
+        script = [os.path.join(REPO, "scripts", "lm_horovod_baseline.py")]
+        if system == "horovod_sparse_as_dense":
+            script.append("--sparse-as-dense")
+    return script + ["--vocab", str(vocab), "--batch-size", str(batch), "--steps", str(steps),
+                     "--warmup", str(warmup), "--log-every", str(warmup)]
+
+
+def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
+    """Runs one job; returns its summary with the wire bytes between the warm-up step and
+    the last step."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "summary.json")
+        argv = [os.path.join(BIN, "horovodrun"), "--gloo", "--disable-cache", "-np", str(n),
+                "-H", cluster.hosts_arg(2, hosts), sys.executable,
+                *command(system, vocab, batch, steps, warmup, hosts), "--json", out]
+        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+        proc = cluster.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env, cwd=REPO)
+        marks, tail, deadline = {}, [], time.time() + timeout
+        for line in proc.stdout:
+            tail = (tail + [line])[-60:]
+            if "<stdout>:step" in line:
+                step = int(line.split("step")[1].split()[0])
+                if step in (warmup, steps):
+                    marks[step] = cluster.wire_bytes()
+            if time.time() > deadline:
+                proc.kill()
+                break
+        proc.wait()
+        if proc.returncode != 0 or not os.path.exists(out) or len(marks) != 2:
+            raise RuntimeError(f"{system} N={n} vocab={vocab} failed:\n{''.join(tail)}")
+        with open(out) as f:
+            summary = json.load(f)
+    w0, w1 = marks[warmup], marks[steps]
+    timed = steps - warmup
+    sent = sum(w1[h]["sent"] - w0[h]["sent"] for h in cluster.names[:hosts])
+    summary.update(system=system, hosts=hosts, wire_per_step_worker=sent / timed / n)
+    return summary
+
+
+def plan_steps(system, vocab, batch, n, hosts, rate, rows, steps, warmup):
+    """Fewer steps for a system whose analytic bytes make a step take many seconds."""
+    seconds = model_bytes(system, vocab, n, hosts, rows) * n / max(hosts, 1) * 8 / rate
+    if seconds * (steps - warmup) <= 60:
+        return steps, warmup
+    timed = max(3, int(60 / max(seconds, 1e-3)))
+    return 2 + timed, 2
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    with open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) / 2 ** 20
+    import platform
+    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hosts", type=int, nargs="+", default=[2], help="hosts per run (N = 2x)")
+    p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
+    p.add_argument("--vocabs", type=int, nargs="+", default=[200_000, 50_000])
+    p.add_argument("--batch", type=int, default=2048, help="words per worker per step")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--name", default="benchmark_cluster")
+    p.add_argument("--out", default=os.path.join(REPO, "docs"))
+    args = p.parse_args()
+    rows = []
+    for rate in args.rates:
+        with EmulatedCluster(hosts=max(args.hosts), rate=rate, name="tfpb") as cluster:
+            for hosts in args.hosts:
+                n = 2 * hosts
+                for vocab in args.vocabs:
+                    counts = batch_rows(vocab, args.batch)
+                    runs = {s: [] for s in args.systems}
+                    for _ in range(args.repeats):
+                        for system in args.systems:
+                            steps, warmup = plan_steps(system, vocab, args.batch, n, hosts,
+                                                       rate_bits(rate), counts, args.steps,
+                                                       args.warmup)
+                            r = run_one(cluster, system, vocab, args.batch, n, hosts, steps,
+                                        warmup, args.timeout)
+                            runs[system].append(r)
+                            print(f"{rate} N={n} vocab={vocab:,} {LABELS[system]:<24} "
+                                  f"{r['step_time_s'] * 1e3:8.1f} ms/step "
+                                  f"{r['wire_per_step_worker'] / 1e6:8.3f} MB wire/step/worker",
+                                  flush=True)
+                    for system, rs in runs.items():
+                        rows.append({
+                            "rate": rate, "workers": n, "hosts": hosts, "vocab": vocab,
+                            "batch": args.batch, "system": system,
+                            "step_time_s": statistics.median(r["step_time_s"] for r in rs),
+                            "words_per_s": statistics.median(r["words_per_s"] for r in rs),
+                            "wire_per_step_worker": statistics.median(
+                                r["wire_per_step_worker"] for r in rs),
+                            "model_per_step_worker": model_bytes(system, vocab, n, hosts, counts),
+                            "floor_per_step_worker": model_bytes("floor", vocab, n, hosts, counts),
+                            "loss_last": rs[-1].get("loss_last"), "repeats": len(rs),
+                            "rows": counts})
+        left = EmulatedCluster(name="tfpb").leftovers()
+        if left:
+            raise SystemExit(f"the emulated cluster left {left}")
+    write(rows, args)
+
+
+def table(rows, rate):
+    head = ("| N | vocab | system | step (ms) | words/s | wire MB/step/worker | model MB | "
+            "floor MB | wire / floor | step vs HYBRID |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if r["rate"] != rate:
+            continue
+        hybrid = next((x for x in rows if x["rate"] == rate and x["workers"] == r["workers"]
+                       and x["vocab"] == r["vocab"] and x["system"] == "HYBRID"), r)
+        lines.append(
+            f"| {r['workers']} | {r['vocab']:,} | {LABELS[r['system']]} | "
+            f"{r['step_time_s'] * 1e3:.0f} | {r['words_per_s']:,.0f} | "
+            f"{r['wire_per_step_worker'] / 1e6:.3f} | {r['model_per_step_worker'] / 1e6:.3f} | "
+            f"{r['floor_per_step_worker'] / 1e6:.3f} | "
+            f"{r['wire_per_step_worker'] / r['floor_per_step_worker']:.2f}x | "
+            f"{r['step_time_s'] / hybrid['step_time_s']:.2f}x |")
+    return "\n".join(lines)
+
+
+def write(rows, args):
+    os.makedirs(args.out, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d")
+    with open(os.path.join(args.out, args.name + ".json"), "w") as f:
+        json.dump({"machine": machine(), "date": stamp, "argv": sys.argv, "rows": rows}, f,
+                  indent=2)
+    text = [f"# Language model on an emulated cluster\n\n`{' '.join(['python'] + sys.argv)}`, "
+            f"{stamp}, on {machine()}. Hosts are network namespaces on this one machine "
+            "(tfpar.emulate), 2 workers each, links shaped with tc tbf; all processes share "
+            f"the machine's CPU cores. {args.batch} words per worker per step; median of "
+            f"{args.repeats} interleaved run(s). Wire bytes: the hosts' link counters between "
+            "the warm-up step and the last step, divided by steps and workers. Model: the "
+            "system's own bytes by Parallax's Table 3 on this topology; floor: HYBRID's with "
+            "duplicate ids removed.\n"]
+    for rate in args.rates:
+        text.append(f"\n## Links at {rate}\n\n{table(rows, rate)}\n")
+    text.append(f"\n![step time and wire bytes]({args.name}.png)\n")
+    with open(os.path.join(args.out, args.name + ".md"), "w") as f:
+        f.write("".join(text))
+    print("".join(text))
+    plot(rows, args, os.path.join(args.out, args.name + ".png"))
+
+
+def plot(rows, args, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    configs = sorted({(r["rate"], r["workers"], r["vocab"]) for r in rows},
+                     key=lambda c: (rate_bits(c[0]), c[1], c[2]))
+    systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    width = 0.8 / len(systems)
+    for i, system in enumerate(systems):
+        xs = [j + i * width for j in range(len(configs))]
+        sel = [next((r for r in rows if (r["rate"], r["workers"], r["vocab"]) == c
+                     and r["system"] == system), None) for c in configs]
+        axes[0].bar(xs, [r["step_time_s"] * 1e3 if r else 0 for r in sel], width,
+                    label=LABELS[system])
+        axes[1].bar(xs, [r["wire_per_step_worker"] / 1e6 if r else 0 for r in sel], width,
+                    label=LABELS[system])
+    for ax, title in zip(axes, ("step time (ms, log)", "wire MB per step per worker (log)")):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))])
+        ax.set_xticklabels([f"{r}\nN={n} V={v // 1000}k" for r, n, v in configs], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(title)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"LM on emulated hosts, {args.batch} words/worker/step; {machine()[:70]}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
