@@ -169,7 +169,7 @@ def plan_steps(system, vocab, batch, n, hosts, rate, rows, steps, warmup):
     seconds = model_bytes(system, vocab, n, hosts, rows) * n / max(hosts, 1) * 8 / rate
     if seconds * (steps - warmup) <= 60:
         return steps, warmup
-    timed = max(3, int(60 / max(seconds, 1e-3)))
+    timed = 2 * max(2, int(30 / max(seconds, 1e-3)))  # a multiple of the log interval, 2
     return 2 + timed, 2
 
 
@@ -213,14 +213,21 @@ def main():
                             steps, warmup = plan_steps(system, vocab, args.batch, n, hosts,
                                                        rate_bits(rate), counts, args.steps,
                                                        args.warmup)
-                            r = run_one(cluster, system, vocab, args.batch, n, hosts, steps,
-                                        warmup, args.timeout)
+                            try:
+                                r = run_one(cluster, system, vocab, args.batch, n, hosts,
+                                            steps, warmup, args.timeout)
+                            except RuntimeError as e:  # reported, and the others go on
+                                print(f"{rate} N={n} vocab={vocab:,} {LABELS[system]}: {e}"
+                                      [:3000], flush=True)
+                                continue
                             runs[system].append(r)
                             print(f"{rate} N={n} vocab={vocab:,} {LABELS[system]:<24} "
                                   f"{r['step_time_s'] * 1e3:8.1f} ms/step "
                                   f"{r['wire_per_step_worker'] / 1e6:8.3f} MB wire/step/worker",
                                   flush=True)
                     for system, rs in runs.items():
+                        if not rs:
+                            continue
                         rows.append({
                             "rate": rate, "workers": n, "hosts": hosts, "vocab": vocab,
                             "batch": args.batch, "system": system,
