@@ -149,6 +149,9 @@ def main():
     p.add_argument("--search-trials", type=int, default=5)
     p.add_argument("--search-again", action="store_true", help="forget the remembered count")
     p.add_argument("--no-local-aggregation", action="store_true")
+    p.add_argument("--sparse-route", default="ps", choices=("ps", "allreduce", "auto"),
+                   help="HYBRID: the vocabulary-sized variables on the parameter servers "
+                   "(default), through allreduce, or routed by their measured density")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
     p.add_argument("--threads", type=int, help="TensorFlow intra-op threads per worker "
@@ -162,6 +165,7 @@ def main():
                                         max_partitions=args.max_partitions)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
                           local_aggregation=not args.no_local_aggregation,
+                          sparse_route=args.sparse_route,
                           session_config=session_config(args.threads),
                           search_trials=args.search_trials,
                           search_partitions="force" if args.search_again else "auto")
@@ -190,6 +194,9 @@ def main():
                    "words_per_s": timed * args.batch_size * runner.num_workers / elapsed,
                    "bytes_per_step": per_step, "predicted_bytes_per_step":
                    runner.plan.predicted_bytes_per_step,
+                   "routes": {v.name: v.route for v in runner.plan.variables
+                              if v.role == "trained"},
+                   "routing": runner.plan.routing,
                    "loss_first": float(np.mean(losses[:args.log_every])),
                    "loss_last": float(np.mean(losses[-args.log_every:]))}
         if runner.is_chief:

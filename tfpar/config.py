@@ -32,9 +32,19 @@ class Config:
       search_partitions: for variables made inside a `tfpar.partitioner`: "auto" (use the
         count remembered for this graph and layout, else search), "force" (search again),
         or "off" (use the partitioner's minimum, or 1).
+      sparse_route: in HYBRID mode, where sparse variables go: "ps" (the parameter
+        servers, as Parallax; the default), "allreduce" (their gradients summed densely
+        with one Horovod allreduce, the variable kept on every worker), "auto" (density
+        routing: each variable's alpha, the fraction of its rows a step touches, is
+        measured in the first `density_steps` steps of a scratch copy of the input, the
+        links by a short allreduce probe, and the cost model picks the faster route), or
+        {variable name: "ps" | "allreduce"} (those forced, the others routed as "auto").
+        The plan says what was measured and why each route was taken.
+      density_steps: steps per worker that "auto" measures alpha over.
       search_trials, search_seconds: caps on the trials of one search and on its time.
       search_steps: (untimed, timed) training steps per trial.
-      search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials.
+      search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials
+        (and for the density measurement of sparse_route="auto").
       search_cache: folder of remembered searches (default ~/.cache/tfpar/partitions).
       liveness_timeout: seconds without a heartbeat after which a worker or parameter
         server that stopped responding (not dead: stopped, swapping, cut off) is named
@@ -64,6 +74,8 @@ class Config:
     liveness_timeout: float = 30.0
     step_deadline: Optional[float] = 600.0
     interface: Optional[str] = None
+    sparse_route: Union[str, Dict[str, str]] = "ps"
+    density_steps: int = 3
 
     def __post_init__(self):
         mode = str(self.run_mode).upper() if isinstance(self.run_mode, str) else self.run_mode
@@ -100,6 +112,23 @@ class Config:
                                            or not self.interface):
             raise TfparError(f"Config.interface must be a network interface name such as "
                              f"'eth0', got {self.interface!r}")
+        routes = (self.sparse_route.values() if isinstance(self.sparse_route, dict)
+                  else [self.sparse_route])
+        allowed = ("ps", "allreduce") if isinstance(self.sparse_route, dict) else (
+            "ps", "allreduce", "auto")
+        if not routes or any(r not in allowed for r in routes):
+            raise TfparError(f"Config.sparse_route must be one of {', '.join(allowed)}"
+                             + ("" if isinstance(self.sparse_route, dict) else
+                                " or a dict of variable name to 'ps' or 'allreduce'")
+                             + f", got {self.sparse_route!r}")
+        if self.sparse_route != "ps" and self.run_mode != "HYBRID":
+            raise TfparError(f"Config.sparse_route={self.sparse_route!r} chooses between the "
+                             "parameter servers and allreduce, which only HYBRID mode mixes; "
+                             f"use run_mode='HYBRID' or leave sparse_route as 'ps'")
+        if (isinstance(self.density_steps, bool) or not isinstance(self.density_steps, int)
+                or self.density_steps < 1):
+            raise TfparError(f"Config.density_steps must be a positive int, got "
+                             f"{self.density_steps!r}")
         for name in ("average_dense", "average_sparse", "local_aggregation"):
             if not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")

@@ -44,7 +44,8 @@ class PartPlan:
 class VariablePlan:
     """Where one variable lives and how its gradient is combined across workers.
 
-    route: "allreduce" (dense gradient, Horovod allreduce), "allgather" (sparse gradient,
+    route: "allreduce" (Horovod allreduce of the dense gradient; for a sparse gradient, of
+    its rows summed densely with a count of the rows each worker touched), "allgather" (sparse gradient,
     Horovod allgather of values and indices), "ps" (stored in `parts` on the parameter
     servers; workers push gradients there and the chief applies the optimizer; optimizer
     slots follow their variable's parts) or "replicated" (a copy on every worker, set equal
@@ -84,6 +85,8 @@ class Plan:
     local_aggregation: bool = False  # PS pushes combined per host first
     # {partitioner group: how its count was decided (GroupDecision.to_dict())}
     partition_search: Optional[dict] = None
+    # density routing: {"links": ..., "choices": {variable: RouteChoice as dict}, "steps"}
+    routing: Optional[dict] = None
 
     @property
     def num_ps(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Tuple
 
-from tfpar import cost
+from tfpar import cost, routing
 from tfpar.analysis import GraphAnalysis, VariableInfo
 from tfpar.config import Config
 from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
@@ -23,21 +23,25 @@ _SPARSE_WRITERS_PREFIXES = ("ResourceSparseApply", "SparseApply", "ResourceScatt
 
 
 def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
-              partition_search: Optional[dict] = None) -> Plan:
+              partition_search: Optional[dict] = None,
+              density: Optional[routing.Routing] = None) -> Plan:
     """Routes every variable of `analysis` for `config.run_mode` on `layout`.
 
     partition_search: how the counts of `tfpar.partitioner` groups were decided (shown).
+    density: what density routing measured and chose (for sparse_route "auto" or a dict).
     """
     n = layout.num_workers
-    sparse = [v.name for v in analysis.trained if v.kind == "sparse"]
     notes: List[str] = []
+    sparse_routes = _sparse_routes(analysis, config, density, notes)
+    sparse = [name for name, r in sparse_routes.items() if r == "ps"]
     if config.run_mode == "HYBRID" and not sparse:
         mode = "AR"
-        notes.append("no sparse variable: HYBRID runs as AR (dense allreduce)")
+        notes.append("no sparse variable: HYBRID runs as AR (dense allreduce)" if not sparse_routes
+                     else "no sparse variable on the parameter servers: HYBRID runs as AR")
     else:
         mode = config.run_mode
     on_ps = {v.name for v in analysis.trained
-             if mode == "PS" or (mode == "HYBRID" and v.kind == "sparse")}
+             if mode == "PS" or (mode == "HYBRID" and sparse_routes.get(v.name) == "ps")}
     blockers: List[Blocker] = list(analysis.blockers)
     parts = _parts(analysis, config, on_ps, len(layout.hosts), notes)
     variables = []
@@ -54,7 +58,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                 variables.append(VariablePlan(route="ps", parts=parts[owner.name],
                                               slot_of=owner.name, **_common(v)))
             else:
-                variables.append(_variable_plan(v, config, n))
+                variables.append(_variable_plan(v, config, n, sparse_routes.get(v.name)))
         except TfparError as e:
             blockers.append(Blocker(v.name, str(e), isinstance(e, NotYetSupportedError)))
     raise_blockers(blockers)
@@ -65,7 +69,87 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     return Plan(run_mode=config.run_mode, mode=mode, num_workers=n,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step, notes=tuple(notes),
-                local_aggregation=local_aggregation, partition_search=partition_search)
+                local_aggregation=local_aggregation, partition_search=partition_search,
+                routing=density.to_dict() if density is not None else None)
+
+
+def density_candidates(analysis: GraphAnalysis, config: Config) -> List[VariableInfo]:
+    """The sparse variables whose route density routing decides (measured in the job)."""
+    if config.run_mode != "HYBRID" or config.sparse_route in ("ps", "allreduce"):
+        return []
+    forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
+    return [v for v in analysis.trained if v.kind == "sparse" and v.name not in forced
+            and _dense_route_problem(v) is None]
+
+
+def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
+                     alphas: Dict[str, float], links: routing.Links,
+                     steps: int) -> routing.Routing:
+    """Density routing's choice for the measured candidates (and the forced routes)."""
+    forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
+    candidates = []
+    for name, alpha in sorted(alphas.items()):
+        v = analysis.variable(name)
+        candidates.append(routing.Candidate(
+            name, v.shape[0], (v.nbytes or 0) // max(v.shape[0], 1), alpha, len(v.updates)))
+    choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced))
+    for name in forced:  # not measured: no density, no prediction shown
+        choices[name] = routing.RouteChoice(forced[name], None,
+                                            reason="set by tfpar.Config(sparse_route=...)")
+    return routing.Routing(links, choices, steps)
+
+
+def _sparse_routes(analysis: GraphAnalysis, config: Config,
+                   density: Optional[routing.Routing], notes: List[str]) -> Dict[str, str]:
+    """{sparse trained variable: "ps" | "allreduce"} in HYBRID mode (empty otherwise)."""
+    if config.run_mode != "HYBRID":
+        return {}
+    sparse = [v for v in analysis.trained if v.kind == "sparse"]
+    setting = config.sparse_route
+    forced = setting if isinstance(setting, dict) else {}
+    unknown = sorted(set(forced) - {v.name for v in analysis.variables})
+    if unknown:
+        raise TfparError(f"Config.sparse_route names {', '.join(unknown)}, which the graph does "
+                         "not have; give variable names as in tfpar.analyse(graph).table()")
+    not_sparse = sorted(set(forced) - {v.name for v in sparse})
+    if not_sparse:
+        raise TfparError(f"Config.sparse_route names {', '.join(not_sparse)}, whose gradient is "
+                         "not sparse: only sparse variables have a route to choose; remove it")
+    routes = {}
+    for v in sparse:
+        wanted = forced.get(v.name, setting if setting in ("ps", "allreduce") else None)
+        problem = _dense_route_problem(v)
+        if wanted == "allreduce" and problem:
+            raise TfparError(f"Config.sparse_route sends {v.name!r} to allreduce, but {problem}; "
+                             "route it to 'ps'")
+        if wanted is not None:
+            routes[v.name] = wanted
+        elif density is not None and v.name in density.choices:
+            routes[v.name] = density.choices[v.name].route
+        else:
+            routes[v.name] = "ps"
+            notes.append(f"{v.name}: parameter servers ("
+                         + (problem if problem else "density not measured: routes are measured "
+                            "in the job, by get_runner") + ")")
+    if density is not None:
+        if density.links is not None:
+            notes.append(f"density routing: links measured {1e3 * density.links.latency_s:.3f} ms "
+                         f"per exchange, {density.links.per_byte_s * 1e9:.4f} ns per byte; alpha "
+                         f"over {density.steps} step(s) per worker")
+        notes.extend(routing.describe(name, c) for name, c in sorted(density.choices.items()))
+    return routes
+
+
+def _dense_route_problem(v: VariableInfo) -> Optional[str]:
+    """Why a sparse variable cannot take the dense allreduce route exactly (None: it can)."""
+    if not v.shape or v.shape[0] is None or any(d is None for d in v.shape):
+        return "its shape is not static"
+    for u in v.updates:
+        if u.gradient.row_sums or u.gradient.inexact:
+            # The route sums duplicate ids before post-processing, which a sum over the
+            # gradient's rows (a global norm) would see.
+            return "its gradient is post-processed with a sum over its rows (e.g. a norm)"
+    return None
 
 
 def _common(v: VariableInfo) -> dict:
@@ -82,10 +166,18 @@ def _gradients(v: VariableInfo) -> Tuple[GradientPlan, ...]:
                  for u in v.updates)
 
 
-def _variable_plan(v: VariableInfo, config: Config, n: int) -> VariablePlan:
+def _variable_plan(v: VariableInfo, config: Config, n: int,
+                   sparse_route: Optional[str] = None) -> VariablePlan:
     if v.role != "trained":
         return VariablePlan(route="replicated", **_common(v))
     grads = _gradients(v)
+    if v.kind == "sparse" and sparse_route == "allreduce":
+        rows = v.shape[0]
+        row_bytes = v.nbytes // rows
+        predicted = cost.allreduce_bytes(rows * (row_bytes + 4), n) * len(grads)
+        return VariablePlan(route="allreduce", gradients=grads, predicted_bytes=predicted,
+                            reduction="average" if config.average_sparse else "sum",
+                            **_common(v))
     if v.kind == "dense":
         predicted = None if v.nbytes is None else cost.allreduce_bytes(v.nbytes, n) * len(grads)
         return VariablePlan(route="allreduce", gradients=grads, predicted_bytes=predicted,

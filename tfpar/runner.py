@@ -15,7 +15,8 @@ from tfpar.analysis import analyse
 from tfpar.config import Config
 from tfpar.errors import TfparError, summary
 from tfpar.plan import Plan
-from tfpar.planner import make_plan
+from tfpar.density import measure_alpha, measure_links
+from tfpar.planner import density_candidates, make_plan, route_by_density
 from tfpar.resources import parse_resources, reconcile
 from tfpar.shard import with_shard_values
 from tfpar.transform import surgery
@@ -59,8 +60,9 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
         liveness.get_liveness(hvd.rank(), hvd.size(),
                               layout.hosts[layout.host_of_rank(hvd.rank())].name,
                               config.liveness_timeout, config.step_deadline, config.interface)
-    config, decisions = _partition_counts(meta, source_graph, analysis, config, layout)
-    plan = make_plan(analysis, config, layout, decisions)
+    density = _route_by_density(meta, analysis, config, layout)
+    config, decisions = _partition_counts(meta, source_graph, analysis, config, layout, density)
+    plan = make_plan(analysis, config, layout, decisions, density)
     runner = _start(meta, plan, config, layout,
                     graph if isinstance(graph, tf.Graph) else None)
     if runner.is_chief:
@@ -68,12 +70,28 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     return runner
 
 
-def _partition_counts(meta, graph, analysis, config: Config, layout):
+def _route_by_density(meta, analysis, config: Config, layout):
+    """Density routing's measurements and choice (None when no route is left to choose)."""
+    candidates = density_candidates(analysis, config)
+    if not candidates:
+        return None
+    alphas = measure_alpha(meta, candidates, config.density_steps, config.search_feed)
+    return route_by_density(analysis, config, layout, alphas, measure_links(),
+                            config.density_steps)
+
+
+def _partition_counts(meta, graph, analysis, config: Config, layout, density=None):
     """The config with the counts of `tfpar.partitioner` groups filled in (searched in this
     job if need be), and how they were decided (for the plan)."""
     groups = partition.marked_groups(graph)
-    mode = make_plan(analysis, dataclasses.replace(config, partitions=None), layout).mode
+    first = make_plan(analysis, dataclasses.replace(config, partitions=None), layout,
+                      density=density)
+    mode = first.mode
     partition.check_groups(groups, analysis, mode)
+    # Groups that density routing sent to allreduce have no partition count to decide.
+    groups = {gid: dataclasses.replace(g, variables=on_ps) for gid, g in groups.items()
+              for on_ps in [tuple(n for n in g.variables if first.variable(n).route == "ps")]
+              if on_ps}
     if not groups or mode not in ("HYBRID", "PS"):
         return config, None
     key = partition.cache_key(meta, analysis, layout, groups, mode)
@@ -82,8 +100,8 @@ def _partition_counts(meta, graph, analysis, config: Config, layout):
 
     def run_trial(counts):
         trial_config = dataclasses.replace(config, partitions={**_fixed(config), **counts})
-        trial = _start(meta, make_plan(analysis, trial_config, layout), trial_config, layout,
-                       graph, trial=True)
+        trial = _start(meta, make_plan(analysis, trial_config, layout, density=density),
+                       trial_config, layout, graph, trial=True)
         try:
             return partition.timed_steps(trial, step_ops, config.search_feed, warmup, measured)
         finally:

@@ -28,7 +28,11 @@ def main(scenarios_path, out_dir):
         rank = int(os.environ.get("HOROVOD_RANK", "0"))
         # Different initial values per worker: the runner must broadcast worker 0's.
         graph, h = models.build(init_seed=100 + rank, **sc["model"])
-        config = tfpar.Config(session_config=session_config, **sc["config"])
+        extra = {}
+        if sc.get("feed_trials"):  # steps run before training (density measurement) are fed
+            trial_batches = models.batches(3, sc["batch"], seed=1, vocab=sc.get("vocab"))
+            extra["search_feed"] = lambda step: models.feed(h, *trial_batches[step % 3])
+        config = tfpar.Config(session_config=session_config, **sc["config"], **extra)
         with tfpar.get_runner(graph, sc.get("resources"), config) as runner:
             variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
             names = [v.op.name for v in variables]

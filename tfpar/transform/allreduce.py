@@ -35,7 +35,11 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                 with tf.compat.v1.name_scope(scope):
                     values = graph.get_tensor_by_name(g.values)
                     n = plan.num_workers
-                    if v.route == "allreduce":
+                    if v.route == "allreduce" and g.indices is not None:
+                        indices = graph.get_tensor_by_name(g.indices)
+                        combined = _dense_sum_of_rows(values, indices, v.shape[0],
+                                                      v.reduction == "average", n, traffic)
+                    elif v.route == "allreduce":
                         combined = {values: allreduce(values, v.reduction == "average", n,
                                                       traffic)}
                     elif v.route == "allgather":
@@ -55,6 +59,33 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                                                          if c.name.startswith(scope)])
                     replaced[old.name] = new.name
     return replaced
+
+
+def _dense_sum_of_rows(values: tf.Tensor, indices: tf.Tensor, rows: int, average: bool,
+                       n: int, traffic: Optional[Traffic]) -> Dict[tf.Tensor, tf.Tensor]:
+    """A sparse gradient combined by one dense allreduce (density routing's "allreduce").
+
+    Each worker sums its rows into a dense [rows, ...] tensor with one more column that
+    flags the rows it touched; the allreduce sums both; the update then gets the touched
+    rows (ids in ascending order, each once) and their sums. A sparse update applied to
+    each touched row once with its summed gradient is what the optimizers' own duplicate
+    handling does, and untouched rows stay untouched (Momentum's or Adam's sparse slots).
+    """
+    import horovod.tensorflow as hvd
+    row_shape = values.shape[1:]
+    flat = tf.reshape(values, [-1, row_shape.num_elements()])
+    summed = tf.math.unsorted_segment_sum(flat, indices, rows)
+    touched = tf.math.unsorted_segment_max(tf.ones_like(indices, values.dtype), indices, rows)
+    packed = tf.concat([summed, tf.maximum(touched, 0)[:, None]], axis=1, name="packed")
+    total = hvd.allreduce(packed, op=hvd.Sum, name="allreduce_rows")
+    if traffic is not None:
+        traffic.add("allreduce", _nbytes(packed) * (4.0 * (n - 1) / n))
+    ids = tf.cast(tf.where(total[:, -1] > 0)[:, 0], indices.dtype)
+    rows_values = tf.gather(total[:, :-1], ids)
+    if average:
+        rows_values = rows_values / tf.cast(n, values.dtype)
+    rows_values = tf.reshape(rows_values, [-1] + row_shape.as_list())
+    return {values: rows_values, indices: ids}
 
 
 def allreduce(values: tf.Tensor, average: bool, n: int,

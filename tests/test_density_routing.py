@@ -1,0 +1,210 @@
+"""Density routing: a sparse variable goes to the parameter servers or through a dense allreduce.
+
+- The decision (tfpar.routing, pure): alpha near 1 -> allreduce, alpha << 1 on a large
+  variable -> parameter servers, small savings -> no parameter servers at all, forced
+  routes kept.
+- The dense allreduce route of a sparse gradient equals single-device training with real
+  processes (2 workers, and 2 hosts x 2 workers), alone and beside variables on the
+  parameter servers; tolerance as in test_equivalence (rtol=1e-5, atol=1e-6, 4 steps).
+- Measured in real jobs: the LM example routes a small vocabulary (alpha ~0.5) to
+  allreduce and a large one (alpha ~0.003) to the parameter servers.
+"""
+import json
+import os
+
+import pytest
+
+import models
+from launch import REPO, horovodrun, run_scenarios
+from reference import check
+
+import tfpar
+from tfpar import routing
+from tfpar.errors import TfparError
+from tfpar.resources import parse_resources
+
+STEPS, BATCH = 4, 8
+TWO_HOSTS = "localhost:2,127.0.0.1:2"
+LINKS = routing.Links(latency_s=1e-3, per_byte_s=1e-8)  # 100 MB/s, 1 ms per exchange
+
+
+def candidate(alpha, rows=100_000, row_bytes=256, name="emb"):
+    return routing.Candidate(name, rows, row_bytes, alpha)
+
+
+# -- the decision ------------------------------------------------------------------------------
+def test_dense_rows_go_to_allreduce():
+    choice = routing.decide((candidate(0.99),), 4, LINKS)["emb"]
+    assert choice.route == "allreduce"
+    assert choice.allreduce_s < choice.ps_s
+    assert "most rows touched" in choice.reason
+
+
+def test_sparse_rows_of_a_large_variable_go_to_the_parameter_servers():
+    choice = routing.decide((candidate(0.01),), 4, LINKS)["emb"]
+    assert choice.route == "ps"
+    assert choice.ps_s < choice.allreduce_s / 50
+
+
+def test_small_savings_do_not_pay_for_the_parameter_server_protocol():
+    # alpha 0.3 of a 300-row variable saves about 1.6 ms of bytes; the protocol costs 3 ms.
+    small = routing.decide((candidate(0.3, rows=300),), 4, LINKS)["emb"]
+    assert small.route == "allreduce" and "protocol" in small.reason
+    # Beside a variable that needs the parameter servers anyway, it goes there too.
+    both = routing.decide((candidate(0.3, rows=300), candidate(0.01, name="big")), 4, LINKS)
+    assert both["emb"].route == "ps" and both["big"].route == "ps"
+
+
+def test_forced_routes_are_kept_and_pay_the_protocol():
+    forced = routing.decide((candidate(0.3, rows=300),), 4, LINKS, {"other": "ps"})
+    assert forced["emb"].route == "ps"  # the protocol is paid for "other" already
+    kept = routing.decide((candidate(0.01),), 4, LINKS, {"emb": "allreduce"})
+    assert kept["emb"].route == "allreduce" and "Config" in kept["emb"].reason
+
+
+def test_one_worker_needs_no_parameter_server():
+    assert routing.decide((candidate(0.01),), 1, LINKS)["emb"].route == "allreduce"
+
+
+# -- configuration and plan ---------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["fast", {"emb": "auto"}, {}, 3])
+def test_bad_sparse_route_is_a_clear_error(bad):
+    with pytest.raises(TfparError, match="sparse_route must be one of"):
+        tfpar.Config(sparse_route=bad)
+
+
+def test_sparse_route_needs_hybrid_mode():
+    with pytest.raises(TfparError, match="only HYBRID mode"):
+        tfpar.Config(run_mode="AR", sparse_route="allreduce")
+
+
+def _plan(config, **model):
+    graph, _ = models.build(**model)
+    analysis = tfpar.analyse(graph)
+    from tfpar.planner import make_plan
+    return make_plan(analysis, config, parse_resources("localhost:2"))
+
+
+def test_forced_allreduce_plans_a_dense_allreduce_and_no_parameter_server():
+    plan = _plan(tfpar.Config(sparse_route="allreduce"), optimizer="adam", sparse=True)
+    emb = plan.variable("emb")
+    assert (emb.route, emb.kind, emb.parts) == ("allreduce", "sparse", ())
+    assert plan.mode == "AR" and plan.num_ps == 0
+    # The summed rows plus one count per row, ring allreduce: 4 w (N-1)/N.
+    assert emb.predicted_bytes == 4 * models.VOCAB * (models.IN * 4 + 4) / 2
+    assert tfpar.Plan.from_json(plan.to_json()) == plan
+
+
+def test_a_dict_forces_some_and_the_rest_wait_for_measurement():
+    plan = _plan(tfpar.Config(sparse_route={"shared": "allreduce"}), optimizer="sgd",
+                 emb_partitions=2, shared_embedding=True)
+    assert plan.variable("shared").route == "allreduce"
+    assert plan.variable("emb/part_0").route == "ps"
+    assert any("density not measured" in n for n in plan.notes)
+
+
+def test_allreduce_of_a_globally_clipped_sparse_gradient_is_refused():
+    with pytest.raises(TfparError, match="sum over its rows"):
+        _plan(tfpar.Config(sparse_route="allreduce"), optimizer="sgd", sparse=True, clip=0.05)
+
+
+def test_unknown_or_dense_variable_in_the_dict_is_refused():
+    with pytest.raises(TfparError, match="does not have"):
+        _plan(tfpar.Config(sparse_route={"nope": "ps"}), sparse=True)
+    with pytest.raises(TfparError, match="not sparse"):
+        _plan(tfpar.Config(sparse_route={"w1": "ps"}), sparse=True)
+
+
+# -- equivalence with real processes -------------------------------------------------------------
+def sc(name, optimizer, config, partitions=2, **extra):
+    model = {"optimizer": optimizer, "emb_partitions": partitions, "shared_embedding": True}
+    return {"name": name, "model": {**model, **extra.pop("model", {})}, "config": config,
+            "steps": STEPS, "batch": BATCH, "vocab": models.PS_VOCAB, **extra}
+
+
+ALL = {"sparse_route": "allreduce"}
+SCENARIOS_2 = [
+    sc("allreduce_sgd", "sgd", ALL),
+    sc("allreduce_momentum", "momentum", ALL, partitions=3),
+    sc("allreduce_adam", "adam", ALL, partitions=1),
+    sc("allreduce_adagrad_sum", "adagrad", {**ALL, "average_dense": False,
+                                            "average_sparse": False},
+       model={"reduce": "sum"}),
+    sc("mixed_momentum", "momentum", {"sparse_route": {"emb/part_0": "ps",
+                                                       "shared": "allreduce"}},
+       feed_trials=True),
+    sc("auto_adagrad", "adagrad", {"sparse_route": "auto"}, feed_trials=True),
+]
+SCENARIOS_4 = [
+    sc("allreduce_adam", "adam", ALL, partitions=3),
+    sc("mixed_adagrad", "adagrad", {"sparse_route": {"emb/part_0": "ps", "emb/part_1": "ps",
+                                                     "shared": "allreduce"}}),
+]
+
+
+@pytest.fixture(scope="module")
+def results2(tmp_path_factory):
+    return run_scenarios(tmp_path_factory.mktemp("density2"), 2, SCENARIOS_2)
+
+
+@pytest.fixture(scope="module")
+def results4(tmp_path_factory):
+    return run_scenarios(tmp_path_factory.mktemp("density4"), 4, SCENARIOS_4, hosts=TWO_HOSTS)
+
+
+def _check_routes(ranks, scenario):
+    plan = json.loads(str(ranks[0]["plan"]))
+    routes = {v["name"]: v["route"] for v in plan["variables"]}
+    setting = scenario["config"]["sparse_route"]
+    sparse = [v["name"] for v in plan["variables"] if v["kind"] == "sparse"
+              and v["role"] == "trained"]
+    assert len(sparse) == scenario["model"]["emb_partitions"] + 1
+    forced_ps = isinstance(setting, dict) and "ps" in setting.values()
+    for name in sparse:
+        want = (setting if isinstance(setting, str) else setting.get(name, "auto"))
+        if want == "auto":
+            choice = plan["routing"]["choices"][name]
+            assert 0 < choice["alpha"] < 0.875, choice
+            if forced_ps:  # the protocol is paid: fewer bytes (alpha < (24+4)/(24+8))
+                want = "ps"
+            else:  # tiny variables: their savings cannot pay for the protocol
+                want = "allreduce"
+                assert "protocol" in choice["reason"]
+        assert routes[name] == want, (name, routes[name])
+    comm = json.loads(str(ranks[0]["communication"]))
+    if all(routes[n] == "allreduce" for n in sparse):
+        assert plan["mode"] == "AR" and comm["ps_push"] == 0 and comm["ps_pull"] == 0
+    else:
+        assert plan["mode"] == "HYBRID" and comm["ps_push"] > 0
+    assert comm["allreduce"] > 0
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS_2, ids=[s["name"] for s in SCENARIOS_2])
+def test_two_workers_equal_single_device(results2, scenario):
+    _check_routes(check(results2, scenario, 2), scenario)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS_4, ids=[s["name"] for s in SCENARIOS_4])
+def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
+    _check_routes(check(results4, scenario, 4), scenario)
+
+
+# -- the LM example: measured alpha decides -----------------------------------------------------
+@pytest.mark.parametrize("vocab,route", [(300, "allreduce"), (100_000, "ps")])
+def test_lm_routes_by_measured_density(tmp_path, vocab, route):
+    out = tmp_path / "summary.json"
+    proc = horovodrun(2, os.path.join(REPO, "examples", "lm.py"), "--steps", "12",
+                      "--warmup", "2", "--log-every", "5", "--vocab", str(vocab),
+                      "--partitions", "1", "--sparse-route", "auto", "--json", str(out),
+                      timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    summary = json.loads(out.read_text())
+    sparse = ("embedding", "softmax/weights", "softmax/bias")
+    assert {summary["routes"][n] for n in sparse} == {route}
+    alphas = [summary["routing"]["choices"][n]["alpha"] for n in sparse]
+    if route == "ps":
+        assert max(alphas) < 0.05 and summary["bytes_per_step"]["ps_pull"] > 0
+    else:
+        assert min(alphas) > 0.2 and summary["bytes_per_step"]["ps_pull"] == 0
+    links = summary["routing"]["links"]
+    assert links["latency_s"] > 0 and links["per_byte_s"] > 0
