@@ -149,6 +149,9 @@ def main():
     p.add_argument("--search-trials", type=int, default=5)
     p.add_argument("--search-again", action="store_true", help="forget the remembered count")
     p.add_argument("--no-local-aggregation", action="store_true")
+    p.add_argument("--async", dest="asynchronous", action="store_true",
+                   help="train the parameter servers' variables asynchronously "
+                   "(tfpar.Config(sync=False))")
     p.add_argument("--sparse-route", default="ps", choices=("ps", "allreduce", "auto"),
                    help="HYBRID: the vocabulary-sized variables on the parameter servers "
                    "(default), through allreduce, or routed by their measured density")
@@ -165,7 +168,7 @@ def main():
                                         max_partitions=args.max_partitions)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
                           local_aggregation=not args.no_local_aggregation,
-                          sparse_route=args.sparse_route,
+                          sparse_route=args.sparse_route, sync=not args.asynchronous,
                           session_config=session_config(args.threads),
                           search_trials=args.search_trials,
                           search_partitions="force" if args.search_again else "auto")
@@ -189,7 +192,8 @@ def main():
         elapsed = time.time() - start
         comm = runner.communication(mean_over_workers=True)
         per_step = {k: (comm[k] - comm0[k]) / timed for k in comm if k != "steps"}
-        summary = {"mode": runner.plan.mode, "workers": runner.num_workers, "vocab": args.vocab,
+        summary = {"mode": runner.plan.mode, "sync": runner.plan.sync,
+                   "workers": runner.num_workers, "vocab": args.vocab,
                    "step_time_s": elapsed / timed,
                    "words_per_s": timed * args.batch_size * runner.num_workers / elapsed,
                    "bytes_per_step": per_step, "predicted_bytes_per_step":

@@ -41,6 +41,17 @@ class Config:
         {variable name: "ps" | "allreduce"} (those forced, the others routed as "auto").
         The plan says what was measured and why each route was taken.
       density_steps: steps per worker that "auto" measures alpha over.
+      sync: True (default): synchronous training, equal to single-device training on the
+        concatenated batch. False: asynchronous training of the variables on the parameter
+        servers (PS mode; in HYBRID the sparse ones): each worker applies its own batch's
+        gradient with the user's optimizer as soon as it has it, on whatever values the
+        servers hold then; no worker waits for another, no chief is a barrier. Reads may
+        be stale by the updates other workers made meanwhile (as TensorFlow's classic
+        asynchronous parameter servers and Parallax's asynchronous mode); gradients are
+        not averaged over workers (each update is one worker's), the global step and
+        optimizer state shared by all variables (Adam's beta powers) count this worker's
+        steps, and allreduce routes (HYBRID's dense variables) stay
+        synchronous. Results are not bit-equal to single-device training.
       search_trials, search_seconds: caps on the trials of one search and on its time.
       search_steps: (untimed, timed) training steps per trial.
       search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials
@@ -76,6 +87,7 @@ class Config:
     interface: Optional[str] = None
     sparse_route: Union[str, Dict[str, str]] = "ps"
     density_steps: int = 3
+    sync: bool = True
 
     def __post_init__(self):
         mode = str(self.run_mode).upper() if isinstance(self.run_mode, str) else self.run_mode
@@ -129,6 +141,10 @@ class Config:
                 or self.density_steps < 1):
             raise TfparError(f"Config.density_steps must be a positive int, got "
                              f"{self.density_steps!r}")
-        for name in ("average_dense", "average_sparse", "local_aggregation"):
+        if self.sync is False and self.run_mode == "AR":
+            raise TfparError("Config(sync=False) trains the parameter servers' variables "
+                             "asynchronously; AR mode has none (Horovod's collectives are "
+                             "synchronous): use run_mode='PS' or 'HYBRID'")
+        for name in ("average_dense", "average_sparse", "local_aggregation", "sync"):
             if not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")

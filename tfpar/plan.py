@@ -83,6 +83,7 @@ class Plan:
     global_step: Optional[str] = None
     notes: Tuple[str, ...] = ()
     local_aggregation: bool = False  # PS pushes combined per host first
+    sync: bool = True  # False: each worker applies its own gradients on the PS at once
     # {partitioner group: how its count was decided (GroupDecision.to_dict())}
     partition_search: Optional[dict] = None
     # density routing: {"links": ..., "choices": {variable: RouteChoice as dict}, "steps"}
@@ -162,7 +163,8 @@ class Plan:
                          _fmt_bytes(v.predicted_bytes, v.route if v.gradients else "replicated")))
         hosts = ",".join(f"{h}:{n}" for h, n in self.hosts)
         head = (f"tfpar plan: run_mode={self.run_mode} (runs as {self.mode}), "
-                f"{self.num_workers} worker(s) on {hosts}")
+                f"{self.num_workers} worker(s) on {hosts}"
+                + ("" if self.sync else ", asynchronous parameter servers"))
         total = self.predicted_bytes_per_step
         foot = ("predicted communication per worker per step: "
                 + ("unknown (a gradient size is not static)" if total is None

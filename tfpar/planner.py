@@ -66,7 +66,15 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     if on_ps and config.local_aggregation and not local_aggregation:
         notes.append("one host: local aggregation off (its PS is the only one; workers push "
                      "to it directly)")
-    return Plan(run_mode=config.run_mode, mode=mode, num_workers=n,
+    if not config.sync:
+        if on_ps:
+            local_aggregation = False
+            notes.append("asynchronous: every worker applies its own gradients to the "
+                         "parameter servers' variables as soon as it has them"
+                         + ("; allreduce routes stay synchronous" if mode == "HYBRID" else ""))
+        else:
+            notes.append("sync=False has no effect: no variable is on the parameter servers")
+    return Plan(run_mode=config.run_mode, mode=mode, num_workers=n, sync=config.sync or not on_ps,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step, notes=tuple(notes),
                 local_aggregation=local_aggregation, partition_search=partition_search,

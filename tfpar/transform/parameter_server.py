@@ -1,6 +1,7 @@
 """The PS rewrite: variables of the plan's "ps" route live in parts on the parameter servers.
 
-Per step, for each such variable (synchronous, as single-device training):
+Per step, for each such variable (synchronous, as single-device training; see `_apply_own`
+for asynchronous training, `Plan.sync` False):
 
 1. forward: the worker reads only the rows it needs: the unique ids of each lookup are
    split by part and gathered on the part's PS (a dense read pulls the whole part);
@@ -355,6 +356,16 @@ class _Rewriter:
                 raw = self.g.get_tensor_by_name(g.values)
                 final = self.g.get_tensor_by_name(g.final_values or g.values)
                 scope = f"tfpar/gradient/{_safe(v.name)}_{i}/"
+                if not self.plan.sync:
+                    # Asynchronous: each worker applies what its own batch gives, unscaled
+                    # and post-processed on its own (a dense one it holds whole).
+                    self.final[key] = final
+                    if g.indices is None:
+                        self.combined_first.add(key)
+                    else:
+                        self.final_indices[key] = self.g.get_tensor_by_name(
+                            g.final_indices or g.indices)
+                    continue
                 new = raw
                 with tf.device(self.worker), tf.compat.v1.name_scope(scope):
                     if g.indices is None and (g.post_processed or self._read_elsewhere(v, i, raw)):
@@ -384,6 +395,8 @@ class _Rewriter:
 
     def _sync(self, step: tf.Tensor, step_var) -> tf.Operation:
         """Pushes, (local chief) forwards, (chief) applies and tokens: one synchronous step."""
+        if not self.plan.sync:
+            return self._apply_own(step_var)
         route = _Route.of(self.plan, self.rank)
         pushes, forwards, owned = [], [], []
         for v in self.ps_vars:
@@ -412,6 +425,37 @@ class _Rewriter:
                 token = _wait(self.prefix, self.rank, route.host)
             synced = tf.group(token, name="tfpar/sync/wait")
         with tf.control_dependencies([synced]), tf.device(self.worker):
+            done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
+        self._replace_updates(done)
+        return done
+
+    def _apply_own(self, step_var) -> tf.Operation:
+        """Asynchronous step: this worker applies its own gradient to every part on the PS,
+        with no accumulator, no chief and no token: no worker waits for another."""
+        applied, last = [], {}
+        for v in self.ps_vars:
+            for i in range(len(v.gradients)):
+                key = (v.name, i)
+                pieces = [None] * len(v.parts)
+                if key not in self.combined_first:
+                    name = _safe(v.name) + (f"/update_{i}" if i else "")
+                    with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
+                        uniq, idx = tf.unique(tf.cast(self.final_indices[key], tf.int64))
+                        summed = tf.math.unsorted_segment_sum(self.final[key], idx,
+                                                              tf.size(uniq))
+                        split, _ = self._split(v, uniq, summed)
+                        pieces = [tf.IndexedSlices(vals, ids) for ids, vals in split]
+                        for ids, vals in split:
+                            self._count_push(vals, ids)
+                else:
+                    with tf.device(self.worker):
+                        self._count_push(self.final[key])
+                for k, part in enumerate(v.parts):
+                    with tf.control_dependencies(last.get((v.name, k), [])):
+                        op = self._apply(v, i, k, part, pieces[k])
+                    applied.append(op)
+                    last[(v.name, k)] = [op]
+        with tf.control_dependencies(applied + self.collectives), tf.device(self.worker):
             done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
         self._replace_updates(done)
         return done
