@@ -28,8 +28,12 @@ def make_data(n=20000, features=32, classes=10, seed=0):
     return x, y
 
 
-def build_graph(x=None, y=None, batch_size=64, hidden=(256, 256), lr=1e-3):
-    """The single-device training graph; returns (graph, loss, accuracy, train_op)."""
+def build_graph(x=None, y=None, batch_size=64, hidden=(256, 256), lr=1e-3,
+                wrap_optimizer=None):
+    """The single-device training graph; returns (graph, loss, accuracy, train_op).
+
+    wrap_optimizer: a function applied to the optimizer (for baselines such as Horovod's
+    DistributedOptimizer); tfpar needs none."""
     if x is None:
         x, y = make_data()
     classes = int(y.max()) + 1
@@ -49,7 +53,10 @@ def build_graph(x=None, y=None, batch_size=64, hidden=(256, 256), lr=1e-3):
         accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), labels), tf.float32),
                                   name="accuracy")
         step = tf1.train.get_or_create_global_step()
-        train_op = tf1.train.AdamOptimizer(lr).minimize(loss, global_step=step)
+        optimizer = tf1.train.AdamOptimizer(lr)
+        if wrap_optimizer is not None:
+            optimizer = wrap_optimizer(optimizer)
+        train_op = optimizer.minimize(loss, global_step=step)
     return graph, loss, accuracy, train_op
 
 

@@ -35,8 +35,14 @@ sys.path.insert(0, REPO)
 from tfpar.emulate import EmulatedCluster  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
-SYSTEMS = ("HYBRID", "AR", "PS", "horovod", "horovod_sparse_as_dense", "tf_ps")
+SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_allreduce", "HYBRID_async", "AR", "PS",
+           "PS_async", "horovod", "horovod_sparse_as_dense", "tf_ps")
+DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
+                   "horovod_sparse_as_dense", "tf_ps")
 LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
+          "HYBRID_auto": "tfpar HYBRID, density routing",
+          "HYBRID_allreduce": "tfpar HYBRID, sparse by allreduce",
+          "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
           "horovod": "Horovod (allgather)", "horovod_sparse_as_dense": "Horovod sparse_as_dense",
           "tf_ps": "TF parameter servers"}
 CONTEXT, EMB, HIDDEN, SAMPLED = 4, 64, 128, 64  # examples/lm.py's defaults
@@ -99,28 +105,57 @@ def model_bytes(system, vocab, n, hosts, rows):
     sparse_unique_pull = rows["emb_w"] * (emb_row + IDX) + rows["soft_w"] * (soft_row + IDX)
     sparse_host_push = rows["emb_h"] * (emb_row + IDX) + rows["soft_h"] * (soft_row + IDX)
     sparse_dup = rows["emb_ids"] * (emb_row + IDX) + rows["soft_ids"] * (soft_row + IDX)
+    # density routing's allreduce: every sparse variable whole, one count per row
+    sparse_dense_rows = vocab * ((EMB * 4 + 4) + (HIDDEN * 4 + 4) + (4 + 4))
+    per_worker_push = rows["emb_w"] * (emb_row + IDX) + rows["soft_w"] * (soft_row + IDX)
     if system == "floor":
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
     elif system == "HYBRID":
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
+    elif system == "HYBRID_allreduce":
+        total = ring_allreduce(dense + sparse_dense_rows)
+    elif system == "HYBRID_async":  # no local aggregation: every worker pushes its rows
+        total = ring_allreduce(dense) + ps(sparse_unique_pull, per_worker_push * n / hosts)
     elif system == "PS":
         total = ps(sparse_unique_pull + dense, sparse_host_push + dense)
+    elif system == "PS_async":
+        total = ps(sparse_unique_pull + dense, (per_worker_push + dense) * n / hosts)
     elif system in ("AR", "horovod"):
         total = ring_allreduce(dense) + ring_allgather(sparse_dup)
     elif system == "horovod_sparse_as_dense":
         total = ring_allreduce(dense + sparse_all)
     elif system == "tf_ps":  # every worker pulls and pushes for itself, duplicates included
         total = ps(sparse_dup + dense, 0) + n * (sparse_dup + dense) * remote
+    elif system == "HYBRID_auto":  # until the job says which routes it chose
+        total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
     else:
         raise ValueError(system)
     return total / n
 
 
+def modelled_as(system, summary):
+    """The system whose model describes a run: density routing's is the route it chose."""
+    if system != "HYBRID_auto":
+        return system
+    sparse = [name for name, c in (summary.get("routing") or {}).get("choices", {}).items()]
+    routes = {summary["routes"][name] for name in sparse}
+    return "HYBRID_allreduce" if routes == {"allreduce"} else "HYBRID"
+
+
+def density_of(summary):
+    """{variable: measured alpha} of a density-routed run ({} otherwise)."""
+    return {name: c["alpha"] for name, c in
+            ((summary.get("routing") or {}).get("choices") or {}).items()}
+
+
 # -- running one system ---------------------------------------------------------------------
 def command(system, vocab, batch, steps, warmup, hosts):
-    if system in ("HYBRID", "AR", "PS"):
-        script = [os.path.join(REPO, "examples", "lm.py"), "--run-mode", system,
+    if system in ("HYBRID", "AR", "PS") or system.startswith(("HYBRID_", "PS_")):
+        mode, _, variant = system.partition("_")
+        script = [os.path.join(REPO, "examples", "lm.py"), "--run-mode", mode,
                   "--partitions", str(hosts)]
+        script += {"": [], "auto": ["--sparse-route", "auto"],
+                   "allreduce": ["--sparse-route", "allreduce"], "async": ["--async"]}[variant]
     elif system == "tf_ps":
         script = [os.path.join(REPO, "scripts", "lm_tf_ps_baseline.py")]
     else:
@@ -195,7 +230,7 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--name", default="benchmark_cluster")
     p.add_argument("--out", default=os.path.join(REPO, "docs"))
@@ -235,7 +270,11 @@ def main():
                             "words_per_s": statistics.median(r["words_per_s"] for r in rs),
                             "wire_per_step_worker": statistics.median(
                                 r["wire_per_step_worker"] for r in rs),
-                            "model_per_step_worker": model_bytes(system, vocab, n, hosts, counts),
+                            "model_per_step_worker": model_bytes(
+                                modelled_as(system, rs[-1]), vocab, n, hosts, counts),
+                            "routes": {k: v for k, v in rs[-1].get("routes", {}).items()
+                                       if k in density_of(rs[-1])},
+                            "alpha": density_of(rs[-1]),
                             "floor_per_step_worker": model_bytes("floor", vocab, n, hosts, counts),
                             "loss_last": rs[-1].get("loss_last"), "repeats": len(rs),
                             "rows": counts})
@@ -264,6 +303,39 @@ def table(rows, rate):
     return "\n".join(lines)
 
 
+def density_table(rows):
+    """Per configuration: alpha, density routing's choice and time, and both fixed routes."""
+    lines = []
+    for r in rows:
+        if r["system"] != "HYBRID_auto":
+            continue
+        same = {x["system"]: x for x in rows if (x["rate"], x["workers"], x["vocab"])
+                == (r["rate"], r["workers"], r["vocab"])}
+        ps, ar = same.get("HYBRID"), same.get("HYBRID_allreduce")
+        chosen = sorted(set(r["routes"].values()))
+        if ps is None or ar is None:
+            faster = "-"
+        elif abs(ps["step_time_s"] - ar["step_time_s"]) < 0.05 * min(ps["step_time_s"],
+                                                                   ar["step_time_s"]):
+            faster = "either (within 5%)"
+        else:
+            faster = ("yes" if (chosen == ["allreduce"]) == (ar["step_time_s"] < ps["step_time_s"])
+                      else "no")
+        alpha = r["alpha"]
+        lines.append(
+            f"| {r['rate']} | {r['workers']} | {r['vocab']:,} | "
+            f"{alpha.get('embedding', float('nan')):.3f} / "
+            f"{alpha.get('softmax/weights', float('nan')):.3f} | {', '.join(chosen)} | "
+            f"{r['step_time_s'] * 1e3:.0f} | "
+            + (f"{ps['step_time_s'] * 1e3:.0f}" if ps else "-") + " | "
+            + (f"{ar['step_time_s'] * 1e3:.0f}" if ar else "-") + f" | {faster} |")
+    if not lines:
+        return ""
+    head = ("| link | N | vocab | alpha | route chosen | density-routed (ms) | ps (ms) | "
+            "allreduce (ms) | chose the faster |")
+    return "\n".join([head, "|" + "---|" * 9] + lines)
+
+
 def write(rows, args):
     os.makedirs(args.out, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d")
@@ -280,6 +352,13 @@ def write(rows, args):
             "duplicate ids removed.\n"]
     for rate in args.rates:
         text.append(f"\n## Links at {rate}\n\n{table(rows, rate)}\n")
+    sweep = density_table(rows)
+    if sweep:
+        text.append("\n## Density routing: measured alpha, the route chosen, and both routes\n\n"
+                    "alpha: the fraction of a variable's rows one worker's step touches, "
+                    "measured by the density-routed run (embedding / softmax weights). "
+                    "`ps` and `allreduce`: tfpar HYBRID with every sparse variable on the "
+                    "parameter servers, or through a dense allreduce.\n\n" + sweep + "\n")
     text.append(f"\n![step time and wire bytes]({args.name}.png)\n")
     with open(os.path.join(args.out, args.name + ".md"), "w") as f:
         f.write("".join(text))

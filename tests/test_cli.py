@@ -57,3 +57,17 @@ def test_errors():
     assert proc.returncode == 2 and "no function no_such_function()" in proc.stderr
     proc = tfpar_cmd("inspect", "missing.py")
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_plan_routes_sparse_variables_as_asked():
+    lm = os.path.join(REPO, "examples", "lm.py")
+    proc = tfpar_cmd("plan", f"{lm}:build_graph", "--resources", "hostA:2,hostB:2",
+                     "--sparse-route", "allreduce")
+    assert proc.returncode == 0, proc.stderr
+    assert "runs as AR" in proc.stdout and "no sparse variable on the parameter servers" in proc.stdout
+    proc = tfpar_cmd("plan", f"{lm}:build_graph", "--resources", "hostA:2,hostB:2",
+                     "--sparse-route", "auto", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = Plan.from_json(proc.stdout)
+    assert plan.variable("embedding").route == "ps"
+    assert any("density not measured" in n for n in plan.notes)

@@ -73,6 +73,10 @@ def main(argv=None):
     plan.add_argument("--sum", action="store_true", help="sum gradients instead of averaging")
     plan.add_argument("--partitions", type=int, help="parts per sparse variable on the PS "
                       "(default: one per PS task)")
+    plan.add_argument("--sparse-route", default="ps", choices=("ps", "allreduce", "auto"),
+                      help="HYBRID: sparse variables on the parameter servers, through "
+                      "allreduce, or routed by density (measured only in a job: the plan "
+                      "keeps them on the servers and says so)")
     plan.add_argument("--no-local-aggregation", action="store_true",
                       help="push every worker's gradient to the PS (not one push per host)")
     plan.add_argument("--search-cache", help="folder of remembered partition searches "
@@ -157,7 +161,8 @@ def main(argv=None):
         config = Config(run_mode=args.run_mode, average_dense=not args.sum,
                         average_sparse=not args.sum, gradient_scope=scope,
                         partitions=args.partitions, search_cache=args.search_cache,
-                        local_aggregation=not args.no_local_aggregation)
+                        local_aggregation=not args.no_local_aggregation,
+                        sparse_route=args.sparse_route)
         result = make_plan(analysis, config, layout)
         notes = []
         import tensorflow as tf

@@ -84,36 +84,77 @@ def _feed(graph: tf.Graph, feed, step: int) -> Optional[dict]:
     return out
 
 
-def measure_links(repeats: int = 3, max_elements: int = 1 << 24) -> Links:
-    """An alpha-beta fit t = latency + bytes * per_byte of Horovod allreduces on the job's links.
+def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
+    """Fits the costs density routing compares, with Horovod on the job's links.
 
-    The latency is the fastest of `repeats` one-float allreduces (other work only adds
-    time). The large probe grows 4x from 64K floats until it takes 10x the latency and at
-    least 20 ms, so its bytes, not noise, decide the slope. Rank 0's timings decide (each
-    growth step too), so every rank runs the same collectives and gets the same fit.
+    latency: the fastest of `repeats` one-float allreduces (other work only adds time).
+    per_byte: the slope of plain allreduces against the bytes each worker moves.
+    dense_per_byte: the slope of the dense route itself (rows summed into a [rows, 64+1]
+    tensor, allreduced, touched rows gathered back) against that tensor's bytes, so the
+    local passes over it count too. Each probe grows 4x until it takes 10x the latency
+    and at least 20 ms, so bytes, not noise, decide the slope. Rank 0's timings decide
+    (each growth step too), so every rank runs the same collectives and gets the same fit.
     """
     global _PROBES
     _PROBES += 1
     hvd = runtime.horovod()
     n = hvd.size()
-    t_small = _agreed(_time_allreduce(1, repeats, f"tfpar_link_probe_{_PROBES}_small"))
-    k = 1 << 16
-    while True:
-        t_large = _agreed(_time_allreduce(k, repeats, f"tfpar_link_probe_{_PROBES}_{k}"))
-        if (t_large >= max(10 * t_small, 0.02)) or k >= max_elements:
-            break
-        k *= 4
+    tag = f"tfpar_link_probe_{_PROBES}"
+    t_small = _agreed(_time(_plain_allreduce, 1, repeats, f"{tag}_small"))
+    k, t_large = _grow(lambda k: _agreed(_time(_plain_allreduce, k, repeats, f"{tag}_{k}")),
+                       1 << 16, t_small, 1 << 24)
     moved = cost.allreduce_bytes(4 * k, n) - cost.allreduce_bytes(4, n)
     per_byte = max(t_large - t_small, 0.0) / moved if moved > 0 else 0.0
-    return Links(latency_s=t_small, per_byte_s=per_byte)
+    t_rows = _agreed(_time(_dense_route, 8, repeats, f"{tag}_rows_small"))
+    rows, t_many = _grow(lambda r: _agreed(_time(_dense_route, r, repeats, f"{tag}_rows_{r}")),
+                         1 << 10, t_rows, max_rows)
+    dense = (rows - 8) * (_PROBE_COLUMNS + 1) * 4
+    dense_per_byte = max(t_many - t_rows, 0.0) / dense
+    return Links(latency_s=t_small, per_byte_s=per_byte, dense_per_byte_s=dense_per_byte)
 
 
-def _time_allreduce(elements: int, repeats: int, name: str) -> float:
+_PROBE_COLUMNS = 64
+
+
+def _grow(timed, start: int, t_small: float, limit: int):
+    k = start
+    while True:
+        t = timed(k)
+        if t >= max(10 * t_small, 0.02) or k >= limit:
+            return k, t
+        k *= 4
+
+
+def _variable(value) -> tf.Tensor:
+    """`value` read from a variable: a constant input would let TensorFlow's graph optimizer
+    fold the probe (collective included) once, and time nothing."""
+    return tf.compat.v1.Variable(value, trainable=False, use_resource=True).read_value()
+
+
+def _plain_allreduce(k: int, name: str):
     hvd = runtime.horovod()
+    return hvd.allreduce(_variable(tf.ones([k], tf.float32)), op=hvd.Sum, name=name)
+
+
+def _dense_route(rows: int, name: str):
+    """What tfpar.transform.allreduce does for a sparse gradient of `rows` rows."""
+    hvd = runtime.horovod()
+    ids = _variable(tf.range(0, rows, max(rows // 8, 1))[:8])
+    values = _variable(tf.ones([8, _PROBE_COLUMNS]))
+    summed = tf.math.unsorted_segment_sum(values, ids, rows)
+    touched = tf.math.unsorted_segment_max(tf.ones_like(ids, tf.float32), ids, rows)
+    packed = tf.concat([summed, tf.maximum(touched, 0)[:, None]], axis=1)
+    total = hvd.allreduce(packed, op=hvd.Sum, name=name)
+    return tf.gather(total[:, :-1], tf.where(total[:, -1] > 0)[:, 0])
+
+
+def _time(build, size: int, repeats: int, name: str) -> float:
     g = tf.Graph()
     with g.as_default():
-        op = hvd.allreduce(tf.ones([elements], tf.float32), op=hvd.Sum, name=name)
+        op = build(size, name)
+        init = tf.compat.v1.global_variables_initializer()
     with tf.compat.v1.Session(graph=g, config=runtime.session_config()) as session:
+        session.run(init)
         session.run(op)  # warm up (negotiation, buffers)
         samples = []
         for _ in range(repeats):

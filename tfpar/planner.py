@@ -142,7 +142,11 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
     if density is not None:
         if density.links is not None:
             notes.append(f"density routing: links measured {1e3 * density.links.latency_s:.3f} ms "
-                         f"per exchange, {density.links.per_byte_s * 1e9:.4f} ns per byte; alpha "
+                         f"per exchange, {density.links.per_byte_s * 1e9:.4f} ns per byte moved, "
+                         + ("" if density.links.dense_per_byte_s is None else
+                            f"{density.links.dense_per_byte_s * 1e9:.4f} ns per byte of a "
+                            "dense route's tensor, ")
+                         + f"alpha "
                          f"over {density.steps} step(s) per worker")
         notes.extend(routing.describe(name, c) for name, c in sorted(density.choices.items()))
     return routes

@@ -38,7 +38,22 @@ class Links:
 
     latency_s: float
     per_byte_s: float
+    # The dense route per byte of its [rows, row + 1] tensor, local passes included (None:
+    # per_byte_s times the allreduce's bytes).
+    dense_per_byte_s: Optional[float] = None
     source: str = "measured"  # "measured" (in this job) | "given"
+
+    def allreduce_s(self, c: "Candidate", n: int) -> float:
+        """Predicted seconds of the dense route of `c` per step."""
+        moved = allreduce_bytes(c, n) * self.per_byte_s
+        if self.dense_per_byte_s is None or n < 2:
+            return moved
+        # Never less than its allreduce alone (a probe cannot make the bytes free).
+        return max(moved, c.rows * (c.row_bytes + 4) * c.gradients * self.dense_per_byte_s)
+
+    def ps_s(self, c: "Candidate", n: int) -> float:
+        """Predicted seconds of the parameter servers' bytes of `c` per step."""
+        return ps_bytes(c, n) * self.per_byte_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,16 +109,15 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
            forced: Optional[Dict[str, str]] = None) -> Dict[str, RouteChoice]:
     """The route of every candidate that minimises the predicted step time.
 
-    Each variable goes where its bytes cost less; then, if the variables on the parameter
-    servers save less than the protocol's fixed cost (PS_ROUND_TRIPS exchanges), all of
+    Each variable goes where its predicted time is shorter (`Links.allreduce_s`, `ps_s`);
+    then, if the variables on the parameter servers save less than the protocol's fixed cost (PS_ROUND_TRIPS exchanges), all of
     them go to allreduce and the job needs no parameter server. `forced` routes are kept.
     """
     forced = forced or {}
     fixed = PS_ROUND_TRIPS * links.latency_s
     volume = {c.name: (allreduce_bytes(c, n), ps_bytes(c, n)) for c in candidates}
-    times = {name: (b_ar * links.per_byte_s, b_ps * links.per_byte_s)
-             for name, (b_ar, b_ps) in volume.items()}
-    route = {c.name: forced.get(c.name) or ("ps" if volume[c.name][1] < volume[c.name][0]
+    times = {c.name: (links.allreduce_s(c, n), links.ps_s(c, n)) for c in candidates}
+    route = {c.name: forced.get(c.name) or ("ps" if times[c.name][1] < times[c.name][0]
                                             else "allreduce") for c in candidates}
     free = [c.name for c in candidates if c.name not in forced]
     saving = sum(times[name][0] - times[name][1] for name in free if route[name] == "ps")
@@ -119,16 +133,17 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
         if c.name in forced:
             why = "set by tfpar.Config(sparse_route=...)"
         elif pooled:
-            why = (f"the parameter servers would save {1e3 * saving:.3f} ms of bytes, less "
+            why = (f"the parameter servers would save {1e3 * saving:.3f} ms, less "
                    f"than their protocol's {PS_ROUND_TRIPS} exchanges ({1e3 * fixed:.3f} ms)")
-        elif volume[c.name][0] == volume[c.name][1]:
-            why = "the same bytes either way, and allreduce needs no parameter server"
+        elif t_ar == t_ps:
+            why = "the same time either way, and allreduce needs no parameter server"
         elif r == "ps":
             why = (f"{volume[c.name][1]:,.0f} bytes per worker on the parameter servers "
-                   f"against {volume[c.name][0]:,.0f} by allreduce")
+                   f"against a dense allreduce of {volume[c.name][0]:,.0f}")
         else:
-            why = (f"most rows touched: a dense allreduce moves {volume[c.name][0]:,.0f} bytes "
-                   f"per worker, the parameter servers {volume[c.name][1]:,.0f}")
+            why = (f"most rows touched: a dense allreduce of {volume[c.name][0]:,.0f} bytes per "
+                   f"worker takes less time than {volume[c.name][1]:,.0f} on the parameter "
+                   "servers")
         out[c.name] = RouteChoice(r, c.alpha, t_ar, t_ps, why)
     return out
 
