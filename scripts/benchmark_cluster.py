@@ -35,14 +35,16 @@ sys.path.insert(0, REPO)
 from tfpar.emulate import EmulatedCluster  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
-SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_allreduce", "HYBRID_async", "AR", "PS",
-           "PS_async", "horovod", "horovod_sparse_as_dense", "tf_ps")
+SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_allreduce", "HYBRID_async", "HYBRID_direct", "AR",
+           "PS", "PS_async", "PS_direct", "horovod", "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
                    "horovod_sparse_as_dense", "tf_ps")
 LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_auto": "tfpar HYBRID, density routing",
           "HYBRID_allreduce": "tfpar HYBRID, sparse by allreduce",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
+          "HYBRID_direct": "tfpar HYBRID, no local aggregation",
+          "PS_direct": "tfpar PS, no local aggregation",
           "horovod": "Horovod (allgather)", "horovod_sparse_as_dense": "Horovod sparse_as_dense",
           "tf_ps": "TF parameter servers"}
 CONTEXT, EMB, HIDDEN, SAMPLED = 4, 64, 128, 64  # examples/lm.py's defaults
@@ -114,11 +116,11 @@ def model_bytes(system, vocab, n, hosts, rows):
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
     elif system == "HYBRID_allreduce":
         total = ring_allreduce(dense + sparse_dense_rows)
-    elif system == "HYBRID_async":  # no local aggregation: every worker pushes its rows
+    elif system in ("HYBRID_async", "HYBRID_direct"):  # every worker pushes its own rows
         total = ring_allreduce(dense) + ps(sparse_unique_pull, per_worker_push * n / hosts)
     elif system == "PS":
         total = ps(sparse_unique_pull + dense, sparse_host_push + dense)
-    elif system == "PS_async":
+    elif system in ("PS_async", "PS_direct"):
         total = ps(sparse_unique_pull + dense, (per_worker_push + dense) * n / hosts)
     elif system in ("AR", "horovod"):
         total = ring_allreduce(dense) + ring_allgather(sparse_dup)
@@ -155,7 +157,8 @@ def command(system, vocab, batch, steps, warmup, hosts):
         script = [os.path.join(REPO, "examples", "lm.py"), "--run-mode", mode,
                   "--partitions", str(hosts)]
         script += {"": [], "auto": ["--sparse-route", "auto"],
-                   "allreduce": ["--sparse-route", "allreduce"], "async": ["--async"]}[variant]
+                   "allreduce": ["--sparse-route", "allreduce"], "async": ["--async"],
+                   "direct": ["--no-local-aggregation"]}[variant]
     elif system == "tf_ps":
         script = [os.path.join(REPO, "scripts", "lm_tf_ps_baseline.py")]
     else:

@@ -89,7 +89,8 @@ def worker(system, vocab, batch, steps, traced, out):
     import tfpar
     mode, _, variant = system.partition("_")
     graph, loss, train_op = lm.build_graph(lm.zipf_text(vocab), vocab, batch_size=batch)
-    config = tfpar.Config(run_mode=mode, sync=variant != "async", partitions=2)
+    config = tfpar.Config(run_mode=mode, sync=variant != "async", partitions=2,
+                          local_aggregation=variant != "direct")
     rows = []
     with tfpar.get_runner(graph, config=config) as runner:
         for step in range(steps):
@@ -119,7 +120,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("--systems", nargs="+", default=["HYBRID", "AR", "PS", "HYBRID_async"])
+    p.add_argument("--systems", nargs="+", default=["HYBRID", "HYBRID_direct", "HYBRID_async",
+                                                    "AR", "PS", "PS_direct", "PS_async"])
     p.add_argument("--vocab", type=int, default=200_000)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--rate", default="1gbit")

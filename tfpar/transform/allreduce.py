@@ -99,6 +99,10 @@ def allreduce(values: tf.Tensor, average: bool, n: int,
 
 
 def _nbytes(t: tf.Tensor) -> tf.Tensor:
+    # A static size is a constant, so the step's counter update does not wait for the
+    # gradient (the updates wait for that counter update; see runner._count_steps).
+    if t.shape.is_fully_defined():
+        return tf.constant(float(t.shape.num_elements() * t.dtype.size), tf.float64)
     return tf.cast(tf.size(t, out_type=tf.int64) * t.dtype.size, tf.float64)
 
 
