@@ -189,8 +189,8 @@ def main():
                       f"{words_s:.0f} words/s", flush=True)
                 last = now
         timed = args.steps - args.warmup
-        elapsed = time.time() - start
-        comm = runner.communication(mean_over_workers=True)
+        comm = runner.communication(mean_over_workers=True)  # waits for every worker, so
+        elapsed = time.time() - start  # a worker that ran ahead (sync=False) waits for the rest
         per_step = {k: (comm[k] - comm0[k]) / timed for k in comm if k != "steps"}
         summary = {"mode": runner.plan.mode, "sync": runner.plan.sync,
                    "workers": runner.num_workers, "vocab": args.vocab,

@@ -12,7 +12,8 @@ scripts/lm_horovod_baseline.py) and TensorFlow's classic parameter servers
 (`replica_device_setter` + `SyncReplicasOptimizer`; scripts/lm_tf_ps_baseline.py).
 
 Wire bytes are the hosts' link counters (veth statistics) read when the chief prints the
-warm-up step and the last step, so start-up is excluded; they are shown per step per worker
+warm-up step and when every worker is done (tfpar; an asynchronous chief runs ahead of
+the others) or the last step (the baselines), so start-up is excluded; they are shown per step per worker
 beside each system's analytic bytes (Parallax, Table 3, on this topology: ring collectives
 whose ring crosses each host boundary once, parameters spread evenly over one PS per host)
 and beside the floor: HYBRID's model with duplicate ids removed. Writes
@@ -187,15 +188,19 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
                 step = int(line.split("step")[1].split()[0])
                 if step in (warmup, steps):
                     marks[step] = cluster.wire_bytes()
+            elif "<stdout>:done:" in line:  # tfpar's: printed once every worker is done
+                marks["done"] = cluster.wire_bytes()
             if time.time() > deadline:
                 proc.kill()
                 break
         proc.wait()
-        if proc.returncode != 0 or not os.path.exists(out) or len(marks) != 2:
+        if proc.returncode != 0 or not os.path.exists(out) or warmup not in marks \
+                or steps not in marks:
             raise RuntimeError(f"{system} N={n} vocab={vocab} failed:\n{''.join(tail)}")
         with open(out) as f:
             summary = json.load(f)
-    w0, w1 = marks[warmup], marks[steps]
+    # The end: when every worker is done (an asynchronous chief runs ahead of the others).
+    w0, w1 = marks[warmup], marks.get("done", marks[steps])
     timed = steps - warmup
     sent = sum(w1[h]["sent"] - w0[h]["sent"] for h in cluster.names[:hosts])
     summary.update(system=system, hosts=hosts, wire_per_step_worker=sent / timed / n)
