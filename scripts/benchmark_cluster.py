@@ -201,7 +201,9 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
             summary = json.load(f)
     # The end: when every worker is done (an asynchronous chief runs ahead of the others).
     w0, w1 = marks[warmup], marks.get("done", marks[steps])
-    timed = steps - warmup
+    # TF's SyncReplicas baseline counts the job's steps (updates) itself: its chief may run
+    # several own steps per update.
+    timed = summary.get("updates", steps - warmup)
     sent = sum(w1[h]["sent"] - w0[h]["sent"] for h in cluster.names[:hosts])
     summary.update(system=system, hosts=hosts, wire_per_step_worker=sent / timed / n)
     return summary

@@ -117,18 +117,25 @@ def main():
         if sess is None:
             sess = tf1.train.MonitoredSession(creator, hooks=[hook])
     losses = []
-    start = time.time()
+    global_step = tf1.train.get_global_step(graph)
+    start, first_update = time.time(), 0
     for step in range(1, args.steps + 1):
         if step == args.warmup + 1:
-            start = time.time()
+            start, first_update = time.time(), sess.run(global_step)
         losses.append(sess.run([loss, train_op])[0])
         if step % args.log_every == 0 and rank == 0:
             print(f"step {step:5d}  loss {np.mean(losses[-args.log_every:]):.4f}", flush=True)
     elapsed = time.time() - start
+    # SyncReplicasOptimizer aggregates any N gradients per update, so a fast worker (the
+    # chief, beside its PS) may push several while a slow one pushes none: a worker's own
+    # step count is not the job's. The job's step is an update (N x batch words), counted
+    # by the global step.
+    updates = int(sess.run(global_step)) - int(first_update)
     timed = args.steps - args.warmup
     summary = {"mode": "tf_parameter_servers", "workers": n, "vocab": args.vocab,
-               "step_time_s": elapsed / timed,
-               "words_per_s": timed * args.batch_size * n / elapsed,
+               "step_time_s": elapsed / max(updates, 1),
+               "words_per_s": updates * args.batch_size * n / elapsed,
+               "updates": updates, "own_steps": timed, "own_step_time_s": elapsed / timed,
                "loss_first": float(np.mean(losses[:args.log_every])),
                "loss_last": float(np.mean(losses[-args.log_every:]))}
     if rank == 0:
