@@ -149,6 +149,9 @@ def main():
     p.add_argument("--search-trials", type=int, default=5)
     p.add_argument("--search-again", action="store_true", help="forget the remembered count")
     p.add_argument("--no-local-aggregation", action="store_true")
+    p.add_argument("--local-aggregation", choices=("on", "off", "auto"),
+                   help="on (default), off, or auto: measured in the job (the rows a host's "
+                   "workers share, the links), on where it pays")
     p.add_argument("--async", dest="asynchronous", action="store_true",
                    help="train the parameter servers' variables asynchronously "
                    "(tfpar.Config(sync=False))")
@@ -167,7 +170,9 @@ def main():
                                         min_partitions=args.min_partitions,
                                         max_partitions=args.max_partitions)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
-                          local_aggregation=not args.no_local_aggregation,
+                          local_aggregation={"on": True, "off": False, "auto": "auto"}[
+                              args.local_aggregation or ("off" if args.no_local_aggregation
+                                                         else "on")],
                           sparse_route=args.sparse_route, sync=not args.asynchronous,
                           session_config=session_config(args.threads),
                           search_trials=args.search_trials,
@@ -193,6 +198,7 @@ def main():
         elapsed = time.time() - start  # a worker that ran ahead (sync=False) waits for the rest
         per_step = {k: (comm[k] - comm0[k]) / timed for k in comm if k != "steps"}
         summary = {"mode": runner.plan.mode, "sync": runner.plan.sync,
+                   "local_aggregation": runner.plan.local_aggregation,
                    "workers": runner.num_workers, "vocab": args.vocab,
                    "step_time_s": elapsed / timed,
                    "words_per_s": timed * args.batch_size * runner.num_workers / elapsed,

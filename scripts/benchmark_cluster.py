@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 
 import numpy as np
 
@@ -36,8 +36,9 @@ sys.path.insert(0, REPO)
 from tfpar.emulate import EmulatedCluster  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
-SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_allreduce", "HYBRID_async", "HYBRID_direct", "AR",
-           "PS", "PS_async", "PS_direct", "horovod", "horovod_sparse_as_dense", "tf_ps")
+SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_allreduce", "HYBRID_async",
+           "HYBRID_direct", "AR", "PS", "PS_measured", "PS_async", "PS_direct", "horovod",
+           "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
                    "horovod_sparse_as_dense", "tf_ps")
 LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
@@ -45,6 +46,8 @@ LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_allreduce": "tfpar HYBRID, sparse by allreduce",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
           "HYBRID_direct": "tfpar HYBRID, no local aggregation",
+          "HYBRID_measured": "tfpar HYBRID, routes and aggregation measured",
+          "PS_measured": "tfpar PS, aggregation measured",
           "PS_direct": "tfpar PS, no local aggregation",
           "horovod": "Horovod (allgather)", "horovod_sparse_as_dense": "Horovod sparse_as_dense",
           "tf_ps": "TF parameter servers"}
@@ -129,7 +132,7 @@ def model_bytes(system, vocab, n, hosts, rows):
         total = ring_allreduce(dense + sparse_all)
     elif system == "tf_ps":  # every worker pulls and pushes for itself, duplicates included
         total = ps(sparse_dup + dense, 0) + n * (sparse_dup + dense) * remote
-    elif system == "HYBRID_auto":  # until the job says which routes it chose
+    elif system in ("HYBRID_auto", "HYBRID_measured", "PS_measured"):  # until the job says
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
     else:
         raise ValueError(system)
@@ -138,11 +141,15 @@ def model_bytes(system, vocab, n, hosts, rows):
 
 def modelled_as(system, summary):
     """The system whose model describes a run: density routing's is the route it chose."""
-    if system != "HYBRID_auto":
+    if system == "PS_measured":
+        return "PS" if summary.get("local_aggregation", True) else "PS_direct"
+    if system not in ("HYBRID_auto", "HYBRID_measured"):
         return system
     sparse = [name for name, c in (summary.get("routing") or {}).get("choices", {}).items()]
     routes = {summary["routes"][name] for name in sparse}
-    return "HYBRID_allreduce" if routes == {"allreduce"} else "HYBRID"
+    if routes == {"allreduce"}:
+        return "HYBRID_allreduce"
+    return "HYBRID" if summary.get("local_aggregation", True) else "HYBRID_direct"
 
 
 def density_of(summary):
@@ -159,7 +166,9 @@ def command(system, vocab, batch, steps, warmup, hosts):
                   "--partitions", str(hosts)]
         script += {"": [], "auto": ["--sparse-route", "auto"],
                    "allreduce": ["--sparse-route", "allreduce"], "async": ["--async"],
-                   "direct": ["--no-local-aggregation"]}[variant]
+                   "direct": ["--no-local-aggregation"],
+                   "measured": ["--sparse-route", "auto", "--local-aggregation", "auto"]
+                   if mode == "HYBRID" else ["--local-aggregation", "auto"]}[variant]
     elif system == "tf_ps":
         script = [os.path.join(REPO, "scripts", "lm_tf_ps_baseline.py")]
     else:
@@ -178,10 +187,16 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
         argv = [os.path.join(BIN, "horovodrun"), "--gloo", "--disable-cache", "-np", str(n),
                 "-H", cluster.hosts_arg(2, hosts), sys.executable,
                 *command(system, vocab, batch, steps, warmup, hosts), "--json", out]
-        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+        # The start-up broadcast of 200k-row variables and their slots takes over Gloo's
+        # default 30 s per operation on 100 Mbit/s links at N = 6.
+        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
+                   HOROVOD_GLOO_TIMEOUT_SECONDS="600")
         proc = cluster.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=env, cwd=REPO)
-        marks, tail, deadline = {}, [], time.time() + timeout
+        marks, tail = {}, []
+        # A job that hangs silently is killed at the deadline (its output then ends).
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
         for line in proc.stdout:
             tail = (tail + [line])[-60:]
             if "<stdout>:step" in line:
@@ -190,10 +205,8 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
                     marks[step] = cluster.wire_bytes()
             elif "<stdout>:done:" in line:  # tfpar's: printed once every worker is done
                 marks["done"] = cluster.wire_bytes()
-            if time.time() > deadline:
-                proc.kill()
-                break
         proc.wait()
+        watchdog.cancel()
         if proc.returncode != 0 or not os.path.exists(out) or warmup not in marks \
                 or steps not in marks:
             raise RuntimeError(f"{system} N={n} vocab={vocab} failed:\n{''.join(tail)}")
@@ -244,7 +257,20 @@ def main():
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--name", default="benchmark_cluster")
     p.add_argument("--out", default=os.path.join(REPO, "docs"))
+    p.add_argument("--merge", nargs="*", default=[], metavar="JSON",
+                   help="earlier results of this script to show with this run's (a row of "
+                   "this run replaces theirs for the same link, N, vocabulary and system)")
+    p.add_argument("--render", metavar="JSON",
+                   help="write the tables and plot of an earlier run's results; run nothing")
     args = p.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            done = json.load(f)
+        args.rates = list(dict.fromkeys(r["rate"] for r in done["rows"]))
+        args.batch = done["rows"][0]["batch"]
+        args.repeats = max(r["repeats"] for r in done["rows"])
+        args.merged_from = done.get("merged_from", [])
+        return write(done["rows"], args, done["argv"], done["date"])
     rows = []
     for rate in args.rates:
         with EmulatedCluster(hosts=max(args.hosts), rate=rate, name="tfpb") as cluster:
@@ -291,7 +317,25 @@ def main():
         left = EmulatedCluster(name="tfpb").leftovers()
         if left:
             raise SystemExit(f"the emulated cluster left {left}")
-    write(rows, args)
+    write(merged(rows, args), args)
+
+
+def merged(rows, args):
+    """This run's rows with those of earlier runs (`--merge`) it did not measure again."""
+    def key(r):
+        return r["rate"], r["workers"], r["vocab"], r["system"]
+    mine = {key(r) for r in rows}
+    args.merged_from = []
+    for path in args.merge:
+        with open(path) as f:
+            earlier = json.load(f)
+        args.merged_from.append(" ".join(["python"] + earlier["argv"]))
+        rows = rows + [dict(r, run=len(args.merged_from)) for r in earlier["rows"]
+                       if key(r) not in mine]
+        args.rates = list(dict.fromkeys(args.rates + [r["rate"] for r in earlier["rows"]]))
+    order = {s: i for i, s in enumerate(SYSTEMS)}
+    return sorted(rows, key=lambda r: (rate_bits(r["rate"]), r["workers"], r["vocab"],
+                                       order[r["system"]]))
 
 
 def table(rows, rate):
@@ -304,12 +348,14 @@ def table(rows, rate):
         hybrid = next((x for x in rows if x["rate"] == rate and x["workers"] == r["workers"]
                        and x["vocab"] == r["vocab"] and x["system"] == "HYBRID"), r)
         lines.append(
-            f"| {r['workers']} | {r['vocab']:,} | {LABELS[r['system']]} | "
+            f"| {r['workers']} | {r['vocab']:,} | {LABELS[r['system']]}"
+            + (f" (run {r['run']})" if r.get("run") else "") + " | "
             f"{r['step_time_s'] * 1e3:.0f} | {r['words_per_s']:,.0f} | "
             f"{r['wire_per_step_worker'] / 1e6:.3f} | {r['model_per_step_worker'] / 1e6:.3f} | "
             f"{r['floor_per_step_worker'] / 1e6:.3f} | "
-            f"{r['wire_per_step_worker'] / r['floor_per_step_worker']:.2f}x | "
-            f"{r['step_time_s'] / hybrid['step_time_s']:.2f}x |")
+            + (f"{r['wire_per_step_worker'] / r['floor_per_step_worker']:.2f}x | "
+               if r["floor_per_step_worker"] else "- (one host) | ")
+            + f"{r['step_time_s'] / hybrid['step_time_s']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -346,13 +392,14 @@ def density_table(rows):
     return "\n".join([head, "|" + "---|" * 9] + lines)
 
 
-def write(rows, args):
+def write(rows, args, argv=None, stamp=None):
     os.makedirs(args.out, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d")
+    argv = argv or sys.argv
+    stamp = stamp or datetime.datetime.now().strftime("%Y-%m-%d")
     with open(os.path.join(args.out, args.name + ".json"), "w") as f:
-        json.dump({"machine": machine(), "date": stamp, "argv": sys.argv, "rows": rows}, f,
-                  indent=2)
-    text = [f"# Language model on an emulated cluster\n\n`{' '.join(['python'] + sys.argv)}`, "
+        json.dump({"machine": machine(), "date": stamp, "argv": argv, "rows": rows,
+                   "merged_from": getattr(args, "merged_from", [])}, f, indent=2)
+    text = [f"# Language model on an emulated cluster\n\n`{' '.join(['python'] + argv)}`, "
             f"{stamp}, on {machine()}. Hosts are network namespaces on this one machine "
             "(tfpar.emulate), 2 workers each, links shaped with tc tbf; all processes share "
             f"the machine's CPU cores. {args.batch} words per worker per step; median of "
@@ -360,6 +407,9 @@ def write(rows, args):
             "the warm-up step and the last step, divided by steps and workers. Model: the "
             "system's own bytes by Parallax's Table 3 on this topology; floor: HYBRID's with "
             "duplicate ids removed.\n"]
+    for i, argv in enumerate(getattr(args, "merged_from", []), 1):
+        text.append(f"\nWith the rows this run did not measure from an earlier run ({i}): "
+                    f"`{argv}`.\n")
     for rate in args.rates:
         text.append(f"\n## Links at {rate}\n\n{table(rows, rate)}\n")
     sweep = density_table(rows)

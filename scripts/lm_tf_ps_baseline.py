@@ -97,9 +97,12 @@ def main():
         with tf1.device("/job:ps/task:0"):
             done_queue = tf1.FIFOQueue(n, tf.int32, shared_name="benchmark_done")
             mark_done, done_count = done_queue.enqueue(rank), done_queue.size()
-        # SyncReplicasOptimizer hands each update's tokens to whichever workers ask first,
-        # so at the end some may wait for a token that the others, done, will never earn:
-        # the chief releases them with spare tokens (after the timed steps).
+            stop_queue = tf1.FIFOQueue(1, tf.int32, shared_name="benchmark_stop")
+            stop, stopped = stop_queue.enqueue(0), stop_queue.size()
+        # SyncReplicasOptimizer aggregates any N gradients per update: a worker that stopped
+        # would starve the others' updates (a chief behind the rest would wait forever). So
+        # the other workers keep training until the chief is done, and then the chief
+        # releases any step still waiting with spare tokens.
         step = tf.identity(tf1.train.get_global_step())
         release = made["opt"]._sync_token_queue.enqueue_many(  # pylint: disable=protected-access
             tf.fill([n * args.steps], step))
@@ -139,10 +142,13 @@ def main():
                "loss_first": float(np.mean(losses[:args.log_every])),
                "loss_last": float(np.mean(losses[-args.log_every:]))}
     if rank == 0:
+        sess.run(stop)
         sess.run(release)
         while sess.run(done_count) < n - 1:
             time.sleep(0.05)
     else:
+        while not sess.run(stopped):
+            sess.run(train_op)
         sess.run(mark_done)
     _allgather("done")  # no PS stops while a worker still trains
     if rank == 0 and args.json:

@@ -68,17 +68,23 @@ def breakdown(step_stats):
             a = n.all_start_micros / 1e6
             b = a + max(n.all_end_rel_micros, 1) / 1e6
             k = kind_of(n.node_name, dev.device)
-            if n.node_name.startswith("_Recv") or "RecvTensor" in n.timeline_label:
-                k2 = "transfer"
-                exchanges[k2] += 1
-                spans[k2].append((a, b))
+            # A tensor from another process: the partitioner's _Recv (each one RecvTensor
+            # call; every device here is a CPU of its own process, so no Recv is local).
+            if " = _Recv(" in n.timeline_label or " = _HostRecv(" in n.timeline_label:
+                exchanges["transfer"] += 1
+                spans["transfer"].append((a, b))
                 continue
             spans[k].append((a, b))
             if k == "horovod":
                 exchanges[k] += 1
             lo = a if lo is None else min(lo, a)
             hi = b if hi is None else max(hi, b)
-    return ({k: (union(v), exchanges[k]) for k, v in spans.items()}, (hi or 0) - (lo or 0))
+    out = {k: (union(v), exchanges[k]) for k, v in spans.items()}
+    # Partitions of the step run by other processes (one RunGraph call each).
+    remote = {d.device.split("/device:")[0] for d in step_stats.dev_stats
+              if "/job:ps" in d.device}
+    out["ps_partitions"] = (0.0, len(remote))
+    return out, (hi or 0) - (lo or 0)
 
 
 def worker(system, vocab, batch, steps, traced, out):
@@ -90,7 +96,9 @@ def worker(system, vocab, batch, steps, traced, out):
     mode, _, variant = system.partition("_")
     graph, loss, train_op = lm.build_graph(lm.zipf_text(vocab), vocab, batch_size=batch)
     config = tfpar.Config(run_mode=mode, sync=variant != "async", partitions=2,
-                          local_aggregation=variant != "direct")
+                          local_aggregation={"direct": False, "measured": "auto"}.get(variant,
+                                                                                      True),
+                          sparse_route="auto" if system == "HYBRID_measured" else "ps")
     rows = []
     with tfpar.get_runner(graph, config=config) as runner:
         for step in range(steps):
@@ -111,7 +119,9 @@ def worker(system, vocab, batch, steps, traced, out):
         result = {"system": system, "rank": runner.worker_id,
                   "step_s": statistics.median(untraced), "traced_step_s": statistics.median(walls),
                   "kinds": {k: [statistics.median(r[k][0] for r in rows),
-                                statistics.median(r[k][1] for r in rows)] for k in KINDS}}
+                                statistics.median(r[k][1] for r in rows)]
+                            for k in KINDS + ("ps_partitions",)},
+                  "local_aggregation": runner.plan.local_aggregation}
         with open(f"{out}.rank{runner.worker_id}.json", "w") as f:
             json.dump(result, f)
 
@@ -161,15 +171,18 @@ def main():
              "median untraced step, and for worker 0 (chief) and worker 1 the busy time of "
              "each kind of work in a traced step (union of its ops' intervals over every "
              "device the step ran on; kinds overlap, so they do not add up to the step) and "
-             "its exchanges per step (cross-process transfers, collectives).\n\n"
-             "| system | step (ms) | worker | " + " | ".join(KINDS) + " |\n"
-             "|" + "---|" * (3 + len(KINDS)) + "\n"]
+             "its exchanges per step (transfers: tensors received from another process, "
+             "one RecvTensor call each; horovod: collectives). PS partitions: the parameter "
+             "servers' parts of the step (one RunGraph call each).\n\n"
+             "| system | step (ms) | worker | " + " | ".join(KINDS) + " | PS partitions |\n"
+             "|" + "---|" * (4 + len(KINDS)) + "\n"]
     for system, ranks in results.items():
         for r in (0, 1):
             res = ranks[r]
             cells = [f"{res['kinds'][k][0] * 1e3:.1f} ms / {res['kinds'][k][1]:.0f}" for k in KINDS]
             lines.append(f"| {system} | {statistics.median(x['step_s'] for x in ranks) * 1e3:.1f}"
-                         f" | {r} | " + " | ".join(cells) + " |\n")
+                         f" | {r} | " + " | ".join(cells)
+                         + f" | {res['kinds']['ps_partitions'][1]:.0f} |\n")
     text = "".join(lines)
     with open(os.path.join(args.out, "step_breakdown.md"), "w") as f:
         f.write(text)

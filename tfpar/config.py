@@ -29,6 +29,11 @@ class Config:
         `partitioner=` of a variable scope) are kept as they are.
       local_aggregation: in HYBRID and PS modes, sum the gradients of the workers of a host
         on that host's PS first, so each PS part receives one push per host per step.
+        True (default, as Parallax), False, or "auto": measured in the job (the rows a
+        host's workers push in common over `density_steps` steps, and the links as for
+        sparse_route="auto"); on when the bytes it keeps off a host's link take longer
+        than the exchange it adds (large batches, slow links), off otherwise (small
+        batches, where the extra exchange costs more than the bytes). The plan says why.
       search_partitions: for variables made inside a `tfpar.partitioner`: "auto" (use the
         count remembered for this graph and layout, else search), "force" (search again),
         or "off" (use the partitioner's minimum, or 1).
@@ -75,7 +80,7 @@ class Config:
     session_config: Optional[object] = None
     gradient_scope: str = r"(^|/)gradients(_\d+)?/"
     partitions: Optional[Union[int, Dict[str, int]]] = None
-    local_aggregation: bool = True
+    local_aggregation: Union[bool, str] = True
     search_partitions: str = "auto"
     search_trials: int = 5
     search_seconds: float = 600.0
@@ -145,6 +150,9 @@ class Config:
             raise TfparError("Config(sync=False) trains the parameter servers' variables "
                              "asynchronously; AR mode has none (Horovod's collectives are "
                              "synchronous): use run_mode='PS' or 'HYBRID'")
-        for name in ("average_dense", "average_sparse", "local_aggregation", "sync"):
+        if self.local_aggregation != "auto" and not isinstance(self.local_aggregation, bool):
+            raise TfparError(f"Config.local_aggregation must be True, False or 'auto', got "
+                             f"{self.local_aggregation!r}")
+        for name in ("average_dense", "average_sparse", "sync"):
             if not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")

@@ -1,8 +1,9 @@
 """Measuring what density routing needs, in the job, before the graph is rewritten.
 
-- `measure_alpha`: the rows of each sparse variable one worker's step touches, from a
-  scratch copy of the worker's own (sharded) graph that computes only the gradients' ids:
-  no variable is written and the real input pipeline starts from its beginning.
+- `measure_rows` (`measure_alpha`): the rows of each sparse variable one worker's step
+  touches, and those the workers of one host touch in common, from a scratch copy of the
+  worker's own (sharded) graph that computes only the gradients' ids: no variable is
+  written and the real input pipeline starts from its beginning.
 - `measure_links`: an alpha-beta fit of Horovod allreduces of two sizes on the job's links.
 
 Every rank calls both in the same order; the results are agreed (gathered, then the same
@@ -31,17 +32,48 @@ def measure_alpha(meta, variables: Sequence, steps: int,
     """{variable name: mean fraction of its rows touched by one worker's step}, averaged
     over `steps` steps and every worker. `variables` are `analysis.VariableInfo`s of sparse
     variables; `feed(step)` feeds a graph that reads placeholders."""
+    return measure_rows(meta, variables, steps, feed)[0]
+
+
+def measure_rows(meta, variables: Sequence, steps: int,
+                 feed: Optional[Callable[[int], dict]] = None,
+                 host_of_rank: Optional[Callable[[int], int]] = None):
+    """(alpha, duplicates): `measure_alpha`'s fractions, and {variable name: rows per step,
+    summed over hosts, that a host's workers touch more than once between them} (what
+    local aggregation saves; with `host_of_rank`, else empty)."""
     hvd = runtime.horovod()
-    local = _local_alpha(copy_graph(with_shard_values(meta, hvd.size(), hvd.rank())),
-                         variables, steps, feed)
-    every = [json.loads(s) for s in runtime.allgather_strings(json.dumps(local))]
-    return {v.name: float(np.mean([e[v.name] for e in every])) for v in variables}
+    local = _local_rows(copy_graph(with_shard_values(meta, hvd.size(), hvd.rank())),
+                        variables, steps, feed)
+    alpha_here = {v.name: float(np.mean([len(ids) / v.shape[0] for ids in local[v.name]]))
+                  for v in variables}
+    every = [json.loads(s) for s in runtime.allgather_strings(json.dumps(alpha_here))]
+    alpha = {v.name: float(np.mean([e[v.name] for e in every])) for v in variables}
+    if host_of_rank is None:
+        return alpha, {}
+    rows = [json.loads(s) for s in runtime.allgather_strings(json.dumps(local))]
+    hosts: Dict[int, List[int]] = {}
+    for rank in range(len(rows)):
+        hosts.setdefault(host_of_rank(rank), []).append(rank)
+    duplicates = {}
+    for v in variables:
+        per_step = []
+        for step in range(steps):
+            total = 0
+            for ranks in hosts.values():
+                sets = [set(rows[r][v.name][step]) for r in ranks]
+                total += sum(len(x) for x in sets) - len(set().union(*sets))
+            per_step.append(total)
+        duplicates[v.name] = float(np.mean(per_step))
+    return alpha, duplicates
 
 
-def _local_alpha(graph: tf.Graph, variables, steps: int, feed) -> Dict[str, float]:
+def _local_rows(graph: tf.Graph, variables, steps: int, feed) -> Dict[str, List[List[int]]]:
+    """{variable name: per step, the distinct rows this worker's step touches}."""
     fetches = {v.name: [graph.get_tensor_by_name(u.gradient.indices) for u in v.updates]
                for v in variables}
-    touched: Dict[str, List[float]] = {v.name: [] for v in variables}
+    touched: Dict[str, List[List[int]]] = {v.name: [] for v in variables}
+    if not variables:
+        return touched
     with graph.as_default():
         inits = [tf.compat.v1.global_variables_initializer(),
                  tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer()]
@@ -60,18 +92,20 @@ def _local_alpha(graph: tf.Graph, variables, steps: int, feed) -> Dict[str, floa
             except tf.errors.InvalidArgumentError as e:
                 if "must feed a value for placeholder" in e.message:
                     raise TfparError(
-                        "tfpar.Config(sparse_route='auto') measures each sparse variable's "
-                        "density by running its lookups, and this graph needs feeds: give "
+                        "tfpar measures each sparse variable's density (for "
+                        "Config(sparse_route='auto') or local_aggregation='auto') by running "
+                        "its lookups, and this graph needs feeds: give "
                         "tfpar.Config(search_feed=lambda step: {placeholder: value, ...}) or "
-                        "set the routes with sparse_route='ps', 'allreduce' or a dict") from None
+                        "set sparse_route to 'ps', 'allreduce' or a dict and local_aggregation "
+                        "to True or False") from None
                 raise
             for v in variables:
                 # The rows one step reads and pushes: every gradient's distinct ids.
                 rows = set()
                 for part in ids[v.name]:
                     rows.update(np.unique(part).tolist())
-                touched[v.name].append(len(rows) / v.shape[0])
-    return {name: float(np.mean(t)) for name, t in touched.items()}
+                touched[v.name].append(sorted(int(r) for r in rows))
+    return touched
 
 
 def _feed(graph: tf.Graph, feed, step: int) -> Optional[dict]:

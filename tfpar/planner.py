@@ -62,8 +62,16 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
         except TfparError as e:
             blockers.append(Blocker(v.name, str(e), isinstance(e, NotYetSupportedError)))
     raise_blockers(blockers)
-    local_aggregation = bool(on_ps) and config.local_aggregation and len(layout.hosts) > 1
-    if on_ps and config.local_aggregation and not local_aggregation:
+    wanted = config.local_aggregation
+    if wanted == "auto" and on_ps and len(layout.hosts) > 1 and config.sync:
+        measured = density.aggregation if density is not None else None
+        wanted = bool(measured and measured.on)
+        notes.append("local aggregation " + ("not measured: off (it is measured in the job, by "
+                                             "get_runner)" if measured is None else
+                                             f"{'on' if measured.on else 'off'} (measured): "
+                                             f"{measured.reason}"))
+    local_aggregation = bool(on_ps) and bool(wanted) and len(layout.hosts) > 1
+    if on_ps and wanted and not local_aggregation:
         notes.append("one host: local aggregation off (its PS is the only one; workers push "
                      "to it directly)")
     if not config.sync:
@@ -107,6 +115,39 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
     return routing.Routing(links, choices, steps)
 
 
+def aggregation_measured(config: Config, layout: Layout) -> bool:
+    """Whether local aggregation "auto" has something to decide on this layout (not one
+    host, a host with two workers, synchronous training, parameter servers possible)."""
+    return (config.local_aggregation == "auto" and config.run_mode != "AR" and config.sync
+            and len(layout.hosts) > 1 and max(h.slots for h in layout.hosts) > 1)
+
+
+def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str, float],
+                       links: routing.Links) -> Optional[routing.Aggregation]:
+    """Local aggregation's choice for `plan`'s parameter-server variables (None: none).
+
+    Per step, a host's workers push to the other hosts' parameter servers ((H-1)/H of the
+    parts) the rows they touch in common once each instead of once per worker
+    (`duplicates`: such rows per step over all hosts, measured), and a dense gradient once
+    instead of once per worker; the mean over hosts is what one link is spared.
+    """
+    hosts = len(plan.hosts)
+    if not plan.num_ps or hosts < 2:
+        return None
+    spared = 0.0  # bytes over all host links per step
+    for v in plan.variables:
+        if v.route != "ps" or v.slot_of is not None or not v.nbytes:
+            continue
+        if v.kind == "sparse":
+            info = analysis.variable(v.name)
+            row_bytes = info.nbytes // max(info.shape[0], 1)
+            spared += duplicates.get(v.name, 0.0) * (row_bytes + routing.INDEX_BYTES)
+        else:  # pushed whole by every worker unless combined by allreduce first
+            pushed = sum(1 for g in v.gradients if not g.post_processed)
+            spared += pushed * v.nbytes * sum(slots - 1 for _, slots in plan.hosts)
+    return routing.decide_aggregation(spared * (hosts - 1) / hosts / hosts, links)
+
+
 def _sparse_routes(analysis: GraphAnalysis, config: Config,
                    density: Optional[routing.Routing], notes: List[str]) -> Dict[str, str]:
     """{sparse trained variable: "ps" | "allreduce"} in HYBRID mode (empty otherwise)."""
@@ -139,7 +180,7 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
             notes.append(f"{v.name}: parameter servers ("
                          + (problem if problem else "density not measured: routes are measured "
                             "in the job, by get_runner") + ")")
-    if density is not None:
+    if density is not None and density.choices:
         if density.links is not None:
             notes.append(f"density routing: links measured {1e3 * density.links.latency_s:.3f} ms "
                          f"per exchange, {density.links.per_byte_s * 1e9:.4f} ns per byte moved, "

@@ -1,4 +1,5 @@
-"""Routing sparse variables by measured density: parameter servers or dense allreduce.
+"""Routing by measurement: sparse variables to parameter servers or dense allreduce, and
+whether each host aggregates its pushes.
 
 Parallax sends every sparse variable to the parameter servers. That pays when a step
 touches few of its rows (alpha << 1), but when most rows are touched (a small vocabulary,
@@ -83,12 +84,31 @@ class RouteChoice:
 
 
 @dataclasses.dataclass(frozen=True)
+class Aggregation:
+    """Whether the workers of a host sum their pushes on the host's PS first, and why.
+
+    saved_bytes: bytes per step that one host's link no longer carries (the host's
+    workers' duplicate rows, and all but one copy of a dense gradient, bound for the other
+    hosts' parameter servers); saving_s: their time on the link; cost_s: the extra
+    sequential exchange (push to the host's PS, then the host's sum forwarded).
+    """
+
+    on: bool
+    saved_bytes: float
+    saving_s: float
+    cost_s: float
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Routing:
-    """What density routing measured and decided for a job (kept in the Plan)."""
+    """What tfpar measured in the job and decided from it (kept in the Plan): density
+    routing's choice per sparse variable and local aggregation's."""
 
     links: Optional[Links]
     choices: Dict[str, RouteChoice]
     steps: int = 0  # steps measured per worker
+    aggregation: Optional[Aggregation] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -146,6 +166,23 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
                    "servers")
         out[c.name] = RouteChoice(r, c.alpha, t_ar, t_ps, why)
     return out
+
+
+def decide_aggregation(saved_bytes: float, links: Links) -> Aggregation:
+    """Local aggregation pays when the bytes it keeps off a host's link take longer there
+    than the exchange it adds.
+
+    A host link that carries B bytes one way takes about 2 B per_byte_s: `per_byte_s` is
+    fitted to an allreduce's bytes sent plus received per worker, which a ring moves over
+    full-duplex links in half their sum. The added exchange costs one `latency_s`.
+    """
+    saving = 2.0 * saved_bytes * links.per_byte_s
+    cost_s = links.latency_s
+    on = saving > cost_s
+    reason = (f"saves {saved_bytes:,.0f} bytes per host link per step "
+              f"({1e3 * saving:.3f} ms) {'>' if on else '<='} one more exchange "
+              f"({1e3 * cost_s:.3f} ms)")
+    return Aggregation(on, saved_bytes, saving, cost_s, reason)
 
 
 def describe(name: str, choice: RouteChoice) -> str:

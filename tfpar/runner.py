@@ -15,8 +15,9 @@ from tfpar.analysis import analyse
 from tfpar.config import Config
 from tfpar.errors import TfparError, summary
 from tfpar.plan import Plan
-from tfpar.density import measure_alpha, measure_links
-from tfpar.planner import density_candidates, make_plan, route_by_density
+from tfpar.density import measure_links, measure_rows
+from tfpar.planner import (aggregation_measured, decide_aggregation, density_candidates,
+                            make_plan, route_by_density)
 from tfpar.resources import parse_resources, reconcile
 from tfpar.shard import with_shard_values
 from tfpar.transform import surgery
@@ -60,7 +61,7 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
         liveness.get_liveness(hvd.rank(), hvd.size(),
                               layout.hosts[layout.host_of_rank(hvd.rank())].name,
                               config.liveness_timeout, config.step_deadline, config.interface)
-    density = _route_by_density(meta, analysis, config, layout)
+    density = _measure(meta, analysis, config, layout)
     config, decisions = _partition_counts(meta, source_graph, analysis, config, layout, density)
     plan = make_plan(analysis, config, layout, decisions, density)
     runner = _start(meta, plan, config, layout,
@@ -70,14 +71,28 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     return runner
 
 
-def _route_by_density(meta, analysis, config: Config, layout):
-    """Density routing's measurements and choice (None when no route is left to choose)."""
+def _measure(meta, analysis, config: Config, layout):
+    """What tfpar measures in the job before planning, and what it decides from it: density
+    routing's routes and local aggregation's choice (None when nothing is to be measured)."""
     candidates = density_candidates(analysis, config)
-    if not candidates:
+    aggregation = aggregation_measured(config, layout)
+    if aggregation and not candidates:  # the routes are known: are there parameter servers?
+        aggregation = bool(make_plan(analysis, config, layout).num_ps)
+    if not candidates and not aggregation:
         return None
-    alphas = measure_alpha(meta, candidates, config.density_steps, config.search_feed)
-    return route_by_density(analysis, config, layout, alphas, measure_links(),
-                            config.density_steps)
+    measured = candidates if not aggregation else [
+        v for v in analysis.trained if v.kind == "sparse"]
+    alphas, duplicates = measure_rows(meta, measured, config.density_steps, config.search_feed,
+                                      layout.host_of_rank if aggregation else None)
+    links = measure_links()
+    density = route_by_density(analysis, config, layout,
+                               {v.name: alphas[v.name] for v in candidates}, links,
+                               config.density_steps)
+    if aggregation:
+        plan = make_plan(analysis, config, layout, density=density)
+        density = dataclasses.replace(
+            density, aggregation=decide_aggregation(plan, analysis, duplicates, links))
+    return density
 
 
 def _partition_counts(meta, graph, analysis, config: Config, layout, density=None):

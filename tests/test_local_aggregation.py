@@ -1,0 +1,114 @@
+"""Local aggregation decided by measurement (Config(local_aggregation="auto")).
+
+- The decision (tfpar.routing, pure): on when the bytes a host's link is spared take longer
+  there than the one exchange it adds, off otherwise.
+- The planner's bytes: the duplicate rows a host's workers push (measured) and all but one
+  copy of a dense gradient, bound for the other hosts' parameter servers.
+- In a real job on 2 hosts x 2 workers: the rows are measured, the plan says what it
+  decided and why, and training equals single-device training (rtol=1e-5, atol=1e-6, as
+  test_equivalence) whichever way it decided.
+"""
+import json
+
+import pytest
+
+import models
+from launch import run_scenarios
+from reference import check
+
+import tfpar
+from tfpar import routing
+from tfpar.analysis import analyse
+from tfpar.errors import TfparError
+from tfpar.planner import decide_aggregation, make_plan
+from tfpar.resources import parse_resources
+
+LINKS = routing.Links(latency_s=1e-3, per_byte_s=1e-8)
+TWO_HOSTS = "localhost:2,127.0.0.1:2"
+
+
+def test_aggregation_pays_when_the_spared_bytes_outlast_one_exchange():
+    on = routing.decide_aggregation(100_000, LINKS)  # 2 ms on the link > 1 ms
+    off = routing.decide_aggregation(10_000, LINKS)  # 0.2 ms < 1 ms
+    assert on.on and not off.on
+    assert on.saving_s == pytest.approx(2e-3) and on.cost_s == 1e-3
+    assert "100,000 bytes" in on.reason and "<=" in off.reason
+
+
+def _plan(config, hosts="a:2,b:2", **model):
+    graph, _ = models.build(batch=8, **model)
+    analysis = analyse(graph)
+    return analysis, make_plan(analysis, config, parse_resources(hosts))
+
+
+def test_dense_variables_on_the_ps_spare_all_but_one_copy_per_host():
+    analysis, plan = _plan(tfpar.Config(run_mode="PS", local_aggregation="auto"))
+    dense = sum(v.nbytes for v in plan.variables if v.route == "ps" and v.slot_of is None)
+    decision = decide_aggregation(plan, analysis, {}, LINKS)
+    # 2 hosts of 2 workers: one spared copy per host, half of it bound for the other host.
+    assert decision.saved_bytes == pytest.approx(dense * 2 * 0.5 / 2)
+
+
+def test_sparse_variables_spare_their_measured_duplicate_rows():
+    analysis, plan = _plan(tfpar.Config(local_aggregation="auto"), sparse=True,
+                           optimizer="adagrad")
+    emb = analysis.variable("emb")
+    row = emb.nbytes // emb.shape[0]
+    decision = decide_aggregation(plan, analysis, {"emb": 6.0}, LINKS)
+    assert decision.saved_bytes == pytest.approx(6.0 * (row + routing.INDEX_BYTES) * 0.5 / 2)
+    assert not decide_aggregation(plan, analysis, {"emb": 0.0}, LINKS).on
+
+
+def test_the_plan_takes_the_measured_choice_and_says_why():
+    analysis, plan = _plan(tfpar.Config(local_aggregation="auto"), sparse=True,
+                           optimizer="adagrad")
+    assert not plan.local_aggregation
+    assert any("local aggregation not measured" in n for n in plan.notes)
+    for on in (True, False):
+        measured = routing.Routing(LINKS, {}, 3, routing.Aggregation(on, 1.0, 2.0, 1.0, "why"))
+        plan = make_plan(analysis, tfpar.Config(local_aggregation="auto"),
+                         parse_resources("a:2,b:2"), density=measured)
+        assert plan.local_aggregation is on
+        assert any(n.startswith(f"local aggregation {'on' if on else 'off'} (measured): why")
+                   for n in plan.notes)
+        assert tfpar.Plan.from_json(plan.to_json()) == plan
+        assert plan.routing["aggregation"]["on"] is on
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_bad_local_aggregation_is_a_clear_error(bad):
+    with pytest.raises(TfparError, match="local_aggregation must be True, False or 'auto'"):
+        tfpar.Config(local_aggregation=bad)
+
+
+# -- a real job ---------------------------------------------------------------------------------
+SCENARIOS = [
+    {"name": "auto_adagrad", "model": {"optimizer": "adagrad", "emb_partitions": 2,
+                                       "shared_embedding": True},
+     "config": {"local_aggregation": "auto"}, "steps": 4, "batch": 8,
+     "vocab": models.PS_VOCAB, "feed_trials": True},
+    {"name": "auto_ps_momentum", "model": {"optimizer": "momentum", "emb_partitions": 1,
+                                           "shared_embedding": True},
+     "config": {"run_mode": "PS", "local_aggregation": "auto"}, "steps": 4, "batch": 8,
+     "vocab": models.PS_VOCAB, "feed_trials": True},
+]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_scenarios(tmp_path_factory.mktemp("aggregation"), 4, SCENARIOS, hosts=TWO_HOSTS)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
+def test_measured_in_the_job_and_equal_to_single_device(results, scenario):
+    ranks = check(results, scenario, 4)
+    plan = json.loads(str(ranks[0]["plan"]))
+    decision = plan["routing"]["aggregation"]
+    assert decision is not None and decision["cost_s"] > 0
+    assert plan["local_aggregation"] is decision["on"]
+    assert any(n.startswith(f"local aggregation {'on' if decision['on'] else 'off'} (measured)")
+               for n in plan["notes"])
+    if scenario["config"].get("run_mode") == "PS":  # dense gradients: spared whatever the rows
+        assert decision["saved_bytes"] > 0
+    # Every rank decided alike (the measurements are agreed).
+    assert all(json.loads(str(r["plan"]))["local_aggregation"] is decision["on"] for r in ranks)
