@@ -75,7 +75,7 @@ def breakdown(step_stats):
                 spans["transfer"].append((a, b))
                 continue
             spans[k].append((a, b))
-            if k == "horovod":
+            if k in ("horovod", "transfer"):  # a collective; a tensor from another process
                 exchanges[k] += 1
             lo = a if lo is None else min(lo, a)
             hi = b if hi is None else max(hi, b)
