@@ -4,13 +4,17 @@
   there than the one exchange it adds, off otherwise.
 - The planner's bytes: the duplicate rows a host's workers push (measured) and all but one
   copy of a dense gradient, bound for the other hosts' parameter servers.
+- The mechanism: a host's aggregate holds each row its workers share once (TensorFlow's
+  accumulator merges pushes only when their ids ascend, which tfpar's pushes do).
 - In a real job on 2 hosts x 2 workers: the rows are measured, the plan says what it
   decided and why, and training equals single-device training (rtol=1e-5, atol=1e-6, as
   test_equivalence) whichever way it decided.
 """
 import json
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 import models
 from launch import run_scenarios
@@ -22,9 +26,53 @@ from tfpar.analysis import analyse
 from tfpar.errors import TfparError
 from tfpar.planner import decide_aggregation, make_plan
 from tfpar.resources import parse_resources
+from tfpar.transform.parameter_server import sum_by_id
 
 LINKS = routing.Links(latency_s=1e-3, per_byte_s=1e-8)
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
+
+
+def _aggregate(pushes, prepare):
+    """Pushes (ids, values) into one sparse accumulator; what a take returns."""
+    g = tf.Graph()
+    with g.as_default():
+        acc = tf.compat.v1.SparseConditionalAccumulator(tf.float32, shape=[10, 2],
+                                                        reduction_type="SUM")
+        ops = []
+        for ids, vals in pushes:
+            ids, vals = prepare(tf.constant(ids, tf.int64), tf.constant(vals, tf.float32))
+            ops.append(acc.apply_indexed_slices_grad(
+                tf.IndexedSlices(vals, ids, tf.constant([10, 2], tf.int64)), local_step=0))
+        taken = acc.take_indexed_slices_grad(len(pushes))
+        with tf.compat.v1.Session(graph=g) as sess:
+            for op in ops:
+                sess.run(op)
+            return sess.run([taken.indices, taken.values])
+
+
+def _unsorted(ids, vals):
+    uniq, idx = tf.unique(ids)
+    return uniq, tf.math.unsorted_segment_sum(vals, idx, tf.size(uniq))
+
+
+@pytest.mark.parametrize("prepare, rows", [(sum_by_id, 5), (_unsorted, 7)],
+                         ids=["tfpar_pushes", "unsorted_pushes"])
+def test_a_hosts_aggregate_holds_each_shared_row_once(prepare, rows):
+    """Two workers push ids {7, 2, 5, 2} and {5, 9, 2, 0} (rows 2 and 5 shared): the sum has
+    5 rows when the pushes ascend (tfpar) and 7 when they do not (the guard: TF's merge
+    assumes order), with the same sums either way."""
+    a = (np.array([7, 2, 5, 2]), np.arange(8, dtype=np.float32).reshape(4, 2))
+    b = (np.array([5, 9, 2, 0]), np.arange(8, 16, dtype=np.float32).reshape(4, 2))
+    ids, vals = _aggregate([a, b], prepare)
+    assert len(ids) == rows
+    dense = np.zeros((10, 2), np.float32)
+    np.add.at(dense, ids, vals)
+    expected = np.zeros((10, 2), np.float32)
+    for i, v in (a, b):
+        np.add.at(expected, i, v)
+    np.testing.assert_array_equal(dense, expected)
+    if prepare is sum_by_id:
+        assert list(ids) == sorted(set(ids))
 
 
 def test_aggregation_pays_when_the_spared_bytes_outlast_one_exchange():

@@ -42,6 +42,12 @@ from tfpar.errors import TfparError, summary
 
 EXIT_PEER_DIED = 17  # what a process exits with when another process of its job failed
 _HANDSHAKE_TIMEOUT_S = 10.0
+# An error that says a peer is gone (a PS connection reset, a collective cut) is usually the
+# echo of another process's death; its owner reports the cause within this time, and that
+# report, not the echo, must name what died.
+_ECHO_GRACE_S = 3.0
+_ECHO_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "UnknownError",
+                "DeadlineExceededError", "InternalError", "HorovodInternalError")
 
 
 # -- addresses ---------------------------------------------------------------------------------
@@ -503,6 +509,10 @@ class Liveness:
         previous = sys.excepthook
 
         def hook(kind, value, tb):
+            if kind.__name__ in _ECHO_ERRORS:
+                deadline = time.monotonic() + min(_ECHO_GRACE_S, self.timeout)
+                while not self.dying and time.monotonic() < deadline:
+                    time.sleep(0.05)
             while self.dying:  # the failure was another process's, already reported:
                 time.sleep(1)  # `_die` ends this process
             self.abort(summary(value))

@@ -440,9 +440,7 @@ class _Rewriter:
                 if key not in self.combined_first:
                     name = _safe(v.name) + (f"/update_{i}" if i else "")
                     with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
-                        uniq, idx = tf.unique(tf.cast(self.final_indices[key], tf.int64))
-                        summed = tf.math.unsorted_segment_sum(self.final[key], idx,
-                                                              tf.size(uniq))
+                        uniq, summed = sum_by_id(self.final_indices[key], self.final[key])
                         split, _ = self._split(v, uniq, summed)
                         pieces = [tf.IndexedSlices(vals, ids) for ids, vals in split]
                         for ids, vals in split:
@@ -478,9 +476,8 @@ class _Rewriter:
         name = _safe(v.name) + (f"/update_{i}" if i else "")
         with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
             if sparse:
-                uniq, idx = tf.unique(tf.cast(indices, tf.int64))
-                summed = tf.math.unsorted_segment_sum(values, idx, tf.size(uniq))
-                pieces, _ = self._split(v, uniq, summed)
+                uniq, summed = sum_by_id(indices, values)
+                pieces, _ = self._split(v, uniq, summed)  # each part keeps the order
             else:
                 pieces = [(None, values)]
         for k, (part, (ids, vals)) in enumerate(zip(v.parts, pieces)):
@@ -639,6 +636,20 @@ class _Route:
         return cls(host=host, chief=rank == 0, aggregate=aggregate[host],
                    local_chief=rank == sum(sizes[:host]), local_workers=sizes[host],
                    global_pushers=sum(1 if a else n for a, n in zip(aggregate, sizes)))
+
+
+def sum_by_id(indices: tf.Tensor, values: tf.Tensor):
+    """The rows of a sparse gradient summed per id: (ids ascending as int64, sums).
+
+    Ascending because TensorFlow's SparseConditionalAccumulator merges two pushes in one
+    walk over their ids that assumes order: with ids in any other order a row that two
+    pushes share is kept twice. The sum stays right (the update deduplicates), but a host's
+    aggregate would then forward as many rows as its workers pushed, sparing nothing.
+    """
+    uniq, idx = tf.unique(tf.cast(indices, tf.int64))
+    summed = tf.math.unsorted_segment_sum(values, idx, tf.size(uniq))
+    order = tf.argsort(uniq)
+    return tf.gather(uniq, order), tf.gather(summed, order)
 
 
 def _nbytes(t: tf.Tensor) -> tf.Tensor:
