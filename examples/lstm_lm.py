@@ -22,7 +22,6 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tensorflow as tf  # noqa: E402
 
@@ -109,7 +108,10 @@ def main():
     else:
         tf1.disable_eager_execution()
 
-    from lm import read_text, zipf_text
+    if __package__:  # imported as examples.lstm_lm
+        from .lm import read_text, zipf_text
+    else:  # run as a script: its folder is on the path
+        from lm import read_text, zipf_text
     words = read_text(args.text, args.vocab) if args.text else zipf_text(args.vocab)
     graph, h = build_graph(words, vocab=args.vocab, num_steps=args.num_steps,
                            batch_size=args.batch)

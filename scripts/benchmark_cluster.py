@@ -1,6 +1,6 @@
 """Benchmark: the language model on an emulated cluster, tfpar against Horovod and TF's PS.
 
-    sudo .venv/bin/python scripts/benchmark_cluster.py [--hosts 2] [--rates 100mbit 1gbit]
+    sudo .venv/bin/python -m scripts.benchmark_cluster [--hosts 2] [--rates 100mbit 1gbit]
         [--vocabs 200000 50000] [--batch 2048] [--repeats 1]
 
 Hosts are network namespaces on links shaped with tc (`tfpar.emulate`); horovodrun starts on
@@ -32,10 +32,11 @@ import threading
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from tfpar.launch import horovodrun_command  # noqa: E402
+from scripts.report import invocation, machine  # noqa: E402
+
 from tfpar.emulate import EmulatedCluster  # noqa: E402
 
-BIN = os.path.dirname(sys.executable)
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_allreduce", "HYBRID_async",
            "HYBRID_direct", "AR", "PS", "PS_measured", "PS_async", "PS_direct", "horovod",
            "horovod_sparse_as_dense", "tf_ps")
@@ -68,8 +69,7 @@ def batch_rows(vocab, batch, workers_per_host=2, trials=5):
     """Mean rows per step: per worker with duplicates (`ids`), unique per worker (`w`) and
     unique per host (`h`), for the embedding (context words) and the sampled softmax
     (targets plus the sampled classes), on the generated text."""
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    import lm
+    from examples import lm
     words = lm.zipf_text(vocab)
     rng = np.random.RandomState(0)
     out = {k: [] for k in ("emb_ids", "emb_w", "emb_h", "soft_ids", "soft_w", "soft_h")}
@@ -184,15 +184,14 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
     the last step."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "summary.json")
-        argv = [os.path.join(BIN, "horovodrun"), "--gloo", "--disable-cache", "-np", str(n),
-                "-H", cluster.hosts_arg(2, hosts), sys.executable,
-                *command(system, vocab, batch, steps, warmup, hosts), "--json", out]
         # The start-up broadcast of 200k-row variables and their slots takes over Gloo's
         # default 30 s per operation on 100 Mbit/s links at N = 6.
-        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
-                   HOROVOD_GLOO_TIMEOUT_SECONDS="600")
-        proc = cluster.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=env, cwd=REPO)
+        cmd, env = horovodrun_command(
+            n, [*command(system, vocab, batch, steps, warmup, hosts), "--json", out],
+            cluster.hosts_arg(2, hosts), cluster, REPO,
+            {"HOROVOD_GLOO_TIMEOUT_SECONDS": "600"}, log_level="3")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, cwd=REPO)
         marks, tail = {}, []
         # A job that hangs silently is killed at the deadline (its output then ends).
         watchdog = threading.Timer(timeout, proc.kill)
@@ -229,19 +228,6 @@ def plan_steps(system, vocab, batch, n, hosts, rate, rows, steps, warmup):
         return steps, warmup
     timed = 2 * max(2, int(30 / max(seconds, 1e-3)))  # a multiple of the log interval, 2
     return 2 + timed, 2
-
-
-def machine():
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    with open("/proc/meminfo") as f:
-        mem = int(f.readline().split()[1]) / 2 ** 20
-    import platform
-    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}"
 
 
 def main():
@@ -329,7 +315,7 @@ def merged(rows, args):
     for path in args.merge:
         with open(path) as f:
             earlier = json.load(f)
-        args.merged_from.append(" ".join(["python"] + earlier["argv"]))
+        args.merged_from.append(invocation(earlier["argv"]))
         rows = rows + [dict(r, run=len(args.merged_from)) for r in earlier["rows"]
                        if key(r) not in mine]
         args.rates = list(dict.fromkeys(args.rates + [r["rate"] for r in earlier["rows"]]))
@@ -399,7 +385,7 @@ def write(rows, args, argv=None, stamp=None):
     with open(os.path.join(args.out, args.name + ".json"), "w") as f:
         json.dump({"machine": machine(), "date": stamp, "argv": argv, "rows": rows,
                    "merged_from": getattr(args, "merged_from", [])}, f, indent=2)
-    text = [f"# Language model on an emulated cluster\n\n`{' '.join(['python'] + argv)}`, "
+    text = [f"# Language model on an emulated cluster\n\n`{invocation(argv)}`, "
             f"{stamp}, on {machine()}. Hosts are network namespaces on this one machine "
             "(tfpar.emulate), 2 workers each, links shaped with tc tbf; all processes share "
             f"the machine's CPU cores. {args.batch} words per worker per step; median of "

@@ -1,6 +1,6 @@
 """Benchmark: the language-model example under four ways of training it, in one run.
 
-    .venv/bin/python scripts/benchmark_lm.py [--workers 2 4] [--vocabs 50000 500000]
+    .venv/bin/python -m scripts.benchmark_lm [--workers 2 4] [--vocabs 50000 500000]
 
 For every worker count and vocabulary size it launches, one after another on this machine:
 tfpar HYBRID (sparse on parameter servers, dense allreduce), tfpar AR (Horovod allgather
@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -22,8 +21,9 @@ import tempfile
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "examples"))
-BIN = os.path.dirname(sys.executable)
+from tfpar.launch import horovodrun_command  # noqa: E402
+from scripts.report import invocation, machine  # noqa: E402
+
 SYSTEMS = ("HYBRID", "AR", "horovod_sparse_as_dense", "PS")
 LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR (allgather)",
           "horovod_sparse_as_dense": "Horovod sparse_as_dense", "PS": "tfpar PS"}
@@ -44,10 +44,9 @@ def run_one(system, n, vocab, steps, warmup, two_hosts=False):
             # measures the search.
             script = [os.path.join(REPO, "examples", "lm.py"), "--run-mode", system,
                       "--log-every", str(steps), "--partitions", "2" if two_hosts else "1"]
-        cmd = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(n), "-H", hosts_for(n, two_hosts),
-               sys.executable, *script, "--vocab", str(vocab), "--steps", str(steps),
-               "--warmup", str(warmup), "--json", out]
-        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+        cmd, env = horovodrun_command(
+            n, [*script, "--vocab", str(vocab), "--steps", str(steps), "--warmup", str(warmup),
+                "--json", out], hosts_for(n, two_hosts), repo=REPO, log_level="3")
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=env, cwd=REPO, timeout=1200)
         if proc.returncode != 0 or not os.path.exists(out):
@@ -60,7 +59,7 @@ def sparse_ratio(vocab, batch=128, context=4, sampled=64, trials=20):
     """alpha: the element-weighted fraction of the sparse variables one worker touches per
     step, estimated on the generated text (embedding: the context words; softmax weights
     and bias: targets plus the sampled classes, at most)."""
-    import lm
+    from examples import lm
     words = lm.zipf_text(vocab)
     rng = np.random.RandomState(0)
     alphas = []
@@ -73,16 +72,6 @@ def sparse_ratio(vocab, batch=128, context=4, sampled=64, trials=20):
         touched = emb_rows * 64 + soft_rows * (128 + 1)
         alphas.append(touched / (vocab * (64 + 128 + 1)))
     return float(np.mean(alphas))
-
-
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
 def main():
@@ -120,7 +109,7 @@ def main():
               "parameter servers, local aggregation)" if args.two_hosts else
               "each N as one host (-H localhost:N: one parameter server)")
     with open(os.path.join(args.out, name + ".md"), "w") as f:
-        f.write(f"# Language-model benchmark\n\n`{' '.join(['python'] + sys.argv)}`, {stamp}, "
+        f.write(f"# Language-model benchmark\n\n`{invocation()}`, {stamp}, "
                 f"on {machine()}. All workers and servers share this one machine (loopback), "
                 f"{layout}; {args.steps} steps, the first {args.warmup} not timed; 128 words "
                 "per worker per step; bytes are the mean over workers of what each sent plus "

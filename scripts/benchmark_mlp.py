@@ -1,6 +1,6 @@
 """Benchmark: a dense-only model (examples/mlp.py), tfpar against plain Horovod.
 
-    sudo .venv/bin/python scripts/benchmark_mlp.py [--hosts 2] [--rate 1gbit] [--repeats 3]
+    sudo .venv/bin/python -m scripts.benchmark_mlp [--hosts 2] [--rate 1gbit] [--repeats 3]
 
 A model with no sparse variable is where tfpar can only add overhead: HYBRID runs it as AR,
 Horovod allreduces inserted after the raw gradients, as Horovod's DistributedOptimizer
@@ -19,16 +19,18 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tfpar.launch import horovodrun_command  # noqa: E402
+from scripts.report import invocation  # noqa: E402
+
 SYSTEMS = ("tfpar", "horovod")
 
 
 def worker(system, steps, warmup, batch, hidden, out):
     """One worker of a job: trains examples/mlp.py's graph, rank 0 writes the timing."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.join(REPO, "examples"))
     import horovod.tensorflow as hvd
     import tensorflow as tf
-    import mlp
+    from examples import mlp
     import tfpar
     hvd.init()
     graph, loss, _, train_op = mlp.build_graph(
@@ -61,13 +63,13 @@ def worker(system, steps, warmup, batch, hidden, out):
 def run_job(cluster, system, hosts, args):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        argv = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo",
-                "--disable-cache", "-np", str(2 * hosts), "-H", cluster.hosts_arg(2, hosts),
-                sys.executable, os.path.abspath(__file__), "--worker", system,
-                "--steps", str(args.steps), "--warmup", str(args.warmup),
-                "--batch", str(args.batch), "--hidden", *map(str, args.hidden), "--out", out]
-        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-        proc = cluster.run(argv, env=env, cwd=REPO, timeout=args.timeout)
+        cmd, env = horovodrun_command(
+            2 * hosts, [os.path.abspath(__file__), "--worker", system, "--steps",
+                        str(args.steps), "--warmup", str(args.warmup), "--batch",
+                        str(args.batch), "--hidden", *map(str, args.hidden), "--out", out],
+            cluster.hosts_arg(2, hosts), cluster, REPO, log_level="3")
+        proc = subprocess.run(cmd, env=env, cwd=REPO, timeout=args.timeout,
+                              capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"{system} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
         with open(out) as f:
@@ -90,10 +92,8 @@ def main():
     if args.worker:
         return worker(args.worker, args.steps, args.warmup, args.batch, tuple(args.hidden),
                       args.out)
-    sys.path.insert(0, REPO)
     from tfpar.emulate import EmulatedCluster
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    from benchmark_cluster import machine
+    from scripts.report import machine
     runs = {s: [] for s in SYSTEMS}
     with EmulatedCluster(hosts=args.hosts, rate=args.rate, name="tfpm") as cluster:
         for _ in range(args.repeats):
@@ -107,7 +107,7 @@ def main():
     med = {s: statistics.median(v) for s, v in runs.items()}
     ratio = med["tfpar"] / med["horovod"]
     stamp = datetime.datetime.now().strftime("%Y-%m-%d")
-    text = (f"# Dense-only model: tfpar against plain Horovod\n\n`{' '.join(['python'] + sys.argv)}`"
+    text = (f"# Dense-only model: tfpar against plain Horovod\n\n`{invocation()}`"
             f", {stamp}, on {machine()}. examples/mlp.py (hidden {args.hidden}, Adam), "
             f"{args.batch} examples per worker per step, N = {2 * args.hosts} on {args.hosts} "
             f"emulated hosts at {args.rate}; median step time over {args.steps - args.warmup} "

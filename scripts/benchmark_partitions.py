@@ -1,6 +1,6 @@
 """Benchmark: tfpar's partition search against an exhaustive sweep, on the language model.
 
-    .venv/bin/python scripts/benchmark_partitions.py [--workers 2] [--vocab 200000] [--max-p 16]
+    .venv/bin/python -m scripts.benchmark_partitions [--workers 2] [--vocab 200000] [--max-p 16]
 
 In one horovodrun job (HYBRID, one host) it times every partition count 1..max-p, then
 lets tfpar search. Target: the searched P's step time within 5% of the best swept one,
@@ -15,8 +15,9 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-from benchmark_lm import machine  # noqa: E402
+from tfpar.launch import horovodrun_command  # noqa: E402
+
+from scripts.report import invocation, machine  # noqa: E402
 
 
 def main():
@@ -29,11 +30,10 @@ def main():
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo", "-np",
-               str(args.workers), "-H", f"localhost:{args.workers}", sys.executable,
-               os.path.join(REPO, "scripts", "partition_sweep_worker.py"), out,
-               str(args.vocab), str(args.max_p), str(args.steps)]
-        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+        cmd, env = horovodrun_command(
+            args.workers, [os.path.join(REPO, "scripts", "partition_sweep_worker.py"), out,
+                           str(args.vocab), str(args.max_p), str(args.steps)],
+            repo=REPO, log_level="3")
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=env, cwd=REPO, timeout=3600)
         if proc.returncode != 0 or not os.path.exists(out):
@@ -66,7 +66,7 @@ def main():
     with open(os.path.join(args.out, "benchmark_partitions.json"), "w") as f:
         json.dump({"machine": machine(), "date": stamp, **r}, f, indent=2)
     with open(os.path.join(args.out, "benchmark_partitions.md"), "w") as f:
-        f.write(f"# Partition-count search vs exhaustive sweep\n\n`{' '.join(['python'] + sys.argv)}`"
+        f.write(f"# Partition-count search vs exhaustive sweep\n\n`{invocation()}`"
                 f", {stamp}, on {machine()}: the language model (vocab {r['vocab']:,}) in "
                 f"HYBRID mode on {r['workers']} workers of one host, {r['steps']} timed steps "
                 f"per count (mean over workers).\n\n{table}\n\n**{verdict}**\n\n"

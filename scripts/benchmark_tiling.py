@@ -1,6 +1,6 @@
 """Benchmark: how long the tiling planner takes.
 
-    .venv/bin/python scripts/benchmark_tiling.py
+    .venv/bin/python -m scripts.benchmark_tiling
 
 Plans a 100-layer MLP (width 1024, batch 256) for 64 devices (target: under 1 s), the
 language-model example's graph for 8 devices (extraction included), and SoyBean's MLP
@@ -13,12 +13,11 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO, os.path.join(REPO, "examples"), os.path.join(REPO, "scripts")]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from benchmark_lm import machine  # noqa: E402
-from tfpar.partition.dataflow import mlp  # noqa: E402
-from tfpar.partition.tiling_planner import _k_cuts, cost_of, plan_tiling  # noqa: E402
+from scripts.report import machine  # noqa: E402
+from tfpar.partition.tiling.dataflow import mlp  # noqa: E402
+from tfpar.partition.tiling.planner import recursive_cuts, cost_of, plan_tiling  # noqa: E402
 
 
 def timed(fn, repeat=3):
@@ -43,9 +42,9 @@ def main():
         soybean = mlp(400, [300] * 6)
         t, plan = timed(lambda: plan_tiling(soybean, n))
         rows.append(("SoyBean section 2.2 MLP (5 x 300, batch 400)", n, soybean, t, plan))
-    import lm
+    from examples import lm
     import tfpar
-    from tfpar.partition.extract import extract
+    from tfpar.partition.tiling.extract import extract
     graph = lm.build_graph(vocab=100_000)[0]
     analysis = tfpar.analyse(graph)
     t, plan = timed(lambda: plan_tiling(extract(graph, analysis), 8))
@@ -55,7 +54,7 @@ def main():
              "SoyBean recursion MB | data parallel MB | model parallel MB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, n, flow, t, plan in rows:
-        recursion = sum(cost_of(flow, _k_cuts(flow, plan.cuts)[0]).values())
+        recursion = sum(cost_of(flow, recursive_cuts(flow, plan.cuts)[0]).values())
         lines.append(f"| {name} | {n} | {len(flow.ops)} | {t:.3f} | {plan.search} | "
                      f"{plan.total_bytes / 1e6:.2f} | {recursion / 1e6:.2f} | "
                      f"{plan.data_parallel_bytes / 1e6:.2f} | "
@@ -68,7 +67,7 @@ def main():
     stamp = datetime.datetime.now().strftime("%Y-%m-%d")
     os.makedirs(os.path.join(REPO, "docs"), exist_ok=True)
     with open(os.path.join(REPO, "docs", "benchmark_tiling.md"), "w") as f:
-        f.write(f"# Tiling planner speed\n\n`python scripts/benchmark_tiling.py`, {stamp}, on "
+        f.write(f"# Tiling planner speed\n\n`python -m scripts.benchmark_tiling`, {stamp}, on "
                 f"{machine()}; best of 3.\n\n{table}\n\n**{verdict}**\n")
 
 

@@ -1,6 +1,6 @@
 """Baseline for the LM benchmark: plain Horovod's DistributedOptimizer.
 
-    horovodrun -np N python scripts/lm_horovod_baseline.py --vocab V --steps S [--sparse-as-dense]
+    PYTHONPATH=. horovodrun -np N python scripts/lm_horovod_baseline.py --vocab V --steps S [--sparse-as-dense]
 
 The same graph as examples/lm.py, with Horovod's optimizer wrapper instead of tfpar. By
 default Horovod allgathers each sparse gradient (IndexedSlices, duplicates included) and
@@ -14,14 +14,12 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "examples"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import lm  # noqa: E402
+from examples import lm  # noqa: E402
 
 
 def main():
@@ -63,7 +61,7 @@ def main():
                "workers": n, "vocab": args.vocab,
                "step_time_s": elapsed / timed,
                "words_per_s": timed * args.batch_size * n / elapsed,
-               "bytes_per_step": ({"allreduce": 4.0 * dense_bytes * (n - 1) / n}
+               "bytes_per_step": ({"allreduce": allreduce_bytes(dense_bytes, n)}
                                   if args.sparse_as_dense else {}),
                "loss_first": float(np.mean(losses[:10])), "loss_last": float(np.mean(losses[-10:]))}
     if hvd.rank() == 0 and args.json:

@@ -1,6 +1,6 @@
 """Baseline for the LM benchmark: TensorFlow's classic parameter servers.
 
-    horovodrun -np N -H h1:2,h2:2 python scripts/lm_tf_ps_baseline.py --vocab V --steps S
+    PYTHONPATH=. horovodrun -np N -H h1:2,h2:2 python scripts/lm_tf_ps_baseline.py --vocab V --steps S
 
 The same graph as examples/lm.py, trained the way TensorFlow 1 documented distributed
 training (the baseline Parallax compares with): between-graph replication, every variable
@@ -27,8 +27,7 @@ import tensorflow as tf  # noqa: E402
 from tfpar.liveness import job_address  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-import lm  # noqa: E402
+from examples import lm  # noqa: E402
 
 tf1 = tf.compat.v1
 

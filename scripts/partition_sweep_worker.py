@@ -1,6 +1,6 @@
 """One worker of the partition benchmark (run by scripts/benchmark_partitions.py).
 
-usage: horovodrun -np N python scripts/partition_sweep_worker.py OUT.json VOCAB MAX_P STEPS
+usage: PYTHONPATH=. horovodrun -np N python scripts/partition_sweep_worker.py OUT.json VOCAB MAX_P STEPS
 Times the language model for every partition count 1..MAX_P (one runner each, same job),
 then runs tfpar's search (forced, fresh memory) and records what it chose.
 """
@@ -9,12 +9,11 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "examples"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import lm  # noqa: E402
+from examples import lm  # noqa: E402
 import tfpar  # noqa: E402
-from tfpar import partition, runtime  # noqa: E402
+from tfpar import runtime  # noqa: E402
+from tfpar.partition import counts  # noqa: E402
 
 
 def main(out, vocab, max_p, steps):
@@ -23,7 +22,7 @@ def main(out, vocab, max_p, steps):
     sweep = {}
     for p in range(1, max_p + 1):
         with tfpar.get_runner(graph, config=tfpar.Config(partitions=p)) as runner:
-            mine = partition.timed_steps(runner, train_op, None, warmup, steps)
+            mine = counts.timed_steps(runner, train_op, None, warmup, steps)
             times = [float(t) for t in runtime.allgather_strings(repr(mine))]
             sweep[p] = sum(times) / len(times)
             if runner.is_chief:

@@ -1,6 +1,6 @@
 """Where a training step's time goes: traced steps of the LM, by kind of work.
 
-    sudo .venv/bin/python scripts/step_breakdown.py [--batch 128] [--vocab 200000]
+    sudo .venv/bin/python -m scripts.step_breakdown [--batch 128] [--vocab 200000]
         [--rate 1gbit] [--systems HYBRID AR PS HYBRID_async]
 
 Runs examples/lm.py's graph under tfpar on 2 emulated hosts x 2 workers (`tfpar.emulate`)
@@ -21,6 +21,9 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tfpar.launch import horovodrun_command  # noqa: E402
+from scripts.report import invocation  # noqa: E402
+
 KINDS = ("compute", "horovod", "ps_read", "push", "chief_take_apply", "token_wait",
          "transfer", "other_tfpar")
 
@@ -89,9 +92,8 @@ def breakdown(step_stats):
 
 def worker(system, vocab, batch, steps, traced, out):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.join(REPO, "examples"))
     import tensorflow as tf
-    import lm
+    from examples import lm
     import tfpar
     mode, _, variant = system.partition("_")
     graph, loss, train_op = lm.build_graph(lm.zipf_text(vocab), vocab, batch_size=batch)
@@ -141,22 +143,20 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args.worker, args.vocab, args.batch, args.steps, args.traced, args.result)
-    sys.path.insert(0, REPO)
     from tfpar.emulate import EmulatedCluster
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    from benchmark_cluster import machine
+    from scripts.report import machine
     results = {}
     with EmulatedCluster(hosts=2, rate=args.rate, name="tfpx") as cluster, \
             tempfile.TemporaryDirectory() as tmp:
         for system in args.systems:
             prefix = os.path.join(tmp, system)
-            argv = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--gloo",
-                    "--disable-cache", "-np", "4", "-H", cluster.hosts_arg(2, 2),
-                    sys.executable, os.path.abspath(__file__), "--worker", system,
-                    "--result", prefix, "--vocab", str(args.vocab), "--batch", str(args.batch),
-                    "--steps", str(args.steps), "--traced", str(args.traced)]
-            env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-            proc = cluster.run(argv, env=env, cwd=REPO, timeout=900)
+            cmd, env = horovodrun_command(
+                4, [os.path.abspath(__file__), "--worker", system, "--result", prefix,
+                    "--vocab", str(args.vocab), "--batch", str(args.batch), "--steps",
+                    str(args.steps), "--traced", str(args.traced)],
+                cluster.hosts_arg(2, 2), cluster, REPO, log_level="3")
+            proc = subprocess.run(cmd, env=env, cwd=REPO, timeout=900, capture_output=True,
+                                  text=True)
             if proc.returncode != 0:
                 print(f"{system} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
                 continue
@@ -165,7 +165,7 @@ def main():
     if EmulatedCluster(name="tfpx").leftovers():
         raise SystemExit("the emulated cluster left something behind")
     stamp = datetime.datetime.now().strftime("%Y-%m-%d")
-    lines = [f"# Where the step time goes\n\n`{' '.join(['python'] + sys.argv)}`, {stamp}, "
+    lines = [f"# Where the step time goes\n\n`{invocation()}`, {stamp}, "
              f"on {machine()}. The LM at {args.batch} words per worker per step, vocabulary "
              f"{args.vocab:,}, N = 4 on 2 emulated hosts at {args.rate}. Per system: the "
              "median untraced step, and for worker 0 (chief) and worker 1 the busy time of "

@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# Set up (or refresh) the environment, then run the whole test suite with real processes.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k analysis`.
+# Set up (or refresh) the environment, then run the whole test suite with real processes:
+# first the fast unit tests, then the multi-process jobs (tests marked `job`).
+# Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k analysis`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
-exec "$ROOT/.venv/bin/python" -m pytest tests -v -rA --timeout=900 "$@"
+status=0
+for selection in "not job" "job"; do
+  echo "== tests: -m '$selection'"
+  "$ROOT/.venv/bin/python" -m pytest tests -m "$selection" -v -rA --timeout=900 "$@" || {
+    rc=$?
+    # 5: nothing selected (e.g. -k matched only one kind); not a failure
+    [ "$rc" -eq 5 ] || status=$rc
+  }
+done
+exit "$status"

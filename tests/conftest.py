@@ -1,9 +1,14 @@
+"""Test session set-up: graph mode, quiet TensorFlow, and the `job` marker."""
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tensorflow as tf  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "job: starts real multi-process jobs (horovodrun, parameter servers); "
+        "`pytest -m 'not job'` runs the fast unit tests alone")

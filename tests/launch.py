@@ -9,8 +9,8 @@ import time
 
 import psutil
 
-BIN = os.path.dirname(sys.executable)
-HOROVODRUN = os.path.join(BIN, "horovodrun")
+from tfpar import launch
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 
@@ -18,13 +18,7 @@ REPO = os.path.dirname(TESTS)
 def horovodrun_command(np_, script, *args, hosts=None, cluster=None):
     """The horovodrun command line (on the first host of an emulated `cluster` if given,
     as a user logged in there would type it) and its environment."""
-    hosts = hosts or f"localhost:{np_}"
-    cmd = [HOROVODRUN, "--gloo", "-np", str(np_), "-H", hosts, sys.executable, script, *args]
-    if cluster is not None:
-        cmd = cluster.command(cmd[:2] + ["--disable-cache"] + cmd[2:])
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    return cmd, env
+    return launch.horovodrun_command(np_, [script, *args], hosts, cluster, REPO)
 
 
 def horovodrun(np_, script, *args, hosts=None, timeout=300, env=None, cluster=None):

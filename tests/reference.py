@@ -8,7 +8,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-import models
+from tests import models
 
 RTOL, ATOL = 1e-5, 1e-6
 

@@ -1,12 +1,7 @@
 """The language model of examples/lm.py, small and fed by placeholders, for search tests."""
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "examples"))
-import lm  # noqa: E402
+from examples import lm
 
 VOCAB, CONTEXT, BATCH, STEPS = 40, 2, 6, 3
 

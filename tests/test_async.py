@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
-from launch import REPO, TESTS, horovodrun
-from reference import ATOL, RTOL
+from tests import models
+from tests.launch import REPO, TESTS, horovodrun
+from tests.reference import ATOL, RTOL
 
 import tfpar
 from tfpar.errors import TfparError
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 WORKER = os.path.join(TESTS, "workers", "async_steps.py")
 MODELS = {

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
-from launch import REPO, TESTS, horovodrun
+from tests import models
+from tests.launch import REPO, TESTS, horovodrun
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 RTOL, ATOL = 1e-5, 1e-6
 TWO_HOSTS = "localhost:2,127.0.0.1:2"

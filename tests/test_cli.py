@@ -5,7 +5,7 @@ import sys
 
 import tensorflow as tf
 
-from launch import REPO
+from tests.launch import REPO
 from tfpar.plan import Plan
 
 TFPAR = os.path.join(os.path.dirname(sys.executable), "tfpar")
@@ -33,8 +33,7 @@ def test_plan_json_round_trips(tmp_path):
 
 
 def test_plan_from_a_saved_meta_graph(tmp_path):
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    import mlp
+    from examples import mlp
     graph = mlp.build_graph()[0]
     path = str(tmp_path / "model.meta")
     tf.compat.v1.train.export_meta_graph(filename=path, graph=graph)

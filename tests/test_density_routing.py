@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-import models
-from launch import REPO, horovodrun, run_scenarios
-from reference import check
+from tests import models
+from tests.launch import REPO, horovodrun, run_scenarios
+from tests.reference import check
 
 import tfpar
 from tfpar import routing

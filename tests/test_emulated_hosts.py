@@ -14,11 +14,13 @@ import signal
 
 import pytest
 
-from launch import processes_running, run_scenarios
-from reference import check
-from test_faults import LIVENESS_TIMEOUT, _hit, _listening
-from test_parameter_server import SCENARIOS_4, _check_routes
+from tests.launch import processes_running, run_scenarios
+from tests.reference import check
+from tests.test_faults import LIVENESS_TIMEOUT, listening, signal_job
+from tests.test_parameter_server import SCENARIOS_4, check_routes
 from tfpar.emulate import EmulatedCluster
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 SCENARIOS = [s for s in SCENARIOS_4 if s["name"] in (
     "hybrid_adam_p2", "hybrid_adagrad_p1_no_local_aggregation", "ps_adagrad_p3")]
@@ -48,7 +50,7 @@ def results(cluster, tmp_path_factory):
 def test_two_emulated_hosts_equal_single_device(results, scenario):
     out, _ = results
     ranks = check(out, scenario, 4)
-    _check_routes(ranks, scenario)
+    check_routes(ranks, scenario)
     plan = json.loads(str(ranks[0]["plan"]))
     assert [h for h, _ in plan["hosts"]] == ["h1", "h2"]
 
@@ -63,14 +65,14 @@ def test_training_crossed_the_shaped_links(results):
 def test_a_stopped_parameter_server_on_the_other_host_is_named(tmp_path, cluster):
     """SIGSTOP of h2's PS: its parent on h2 stops hearing it and tells everyone through
     the hub on h1; the job ends in time naming that PS, and leaves nothing on either host."""
-    hit = _hit(tmp_path, "ps 2", signal.SIGSTOP, np_=4, hosts=cluster.hosts_arg(2),
+    hit = signal_job(tmp_path, "ps 2", signal.SIGSTOP, np_=4, hosts=cluster.hosts_arg(2),
                cluster=cluster)
     assert hit.returncode != 0
     assert hit.elapsed < LIVENESS_TIMEOUT + 25, hit.elapsed
     assert re.search(rf"parameter server ps:1 \(host h2\) \(pid {hit.pid}\) stopped "
                      "responding", hit.output), hit.output[-5000:]
     assert not hit.left, hit.left
-    assert _listening(hit.ports) == []
+    assert listening(hit.ports) == []
     assert processes_running(os.path.join("workers", "fault.py")) == []
     # Every server was dialled at its host's address on the job's interface, not a name
     # or a loopback address; the hub listened on h1's.

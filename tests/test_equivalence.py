@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch import run_scenarios
-from reference import ATOL, RTOL, check, single_device
+from tests.launch import run_scenarios
+from tests.reference import ATOL, RTOL, check, single_device
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 STEPS, BATCH = 4, 8
 

@@ -16,7 +16,9 @@ import time
 import psutil
 import pytest
 
-from launch import REPO, TESTS, horovodrun_command
+from tests.launch import REPO, TESTS, horovodrun_command
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 FAULT_WORKER = os.path.join(TESTS, "workers", "fault.py")
 
@@ -53,7 +55,7 @@ def _alive(pids):
     return out
 
 
-def _listening(ports):
+def listening(ports):
     """Which of `ports` some process still listens on (sockets of closed connections may
     linger in TIME_WAIT or FIN_WAIT, but they serve nothing)."""
     return sorted({c.laddr.port for c in psutil.net_connections(kind="tcp")
@@ -93,7 +95,7 @@ def test_killing_a_process_stops_the_job(tmp_path, victim, message):
     assert not left, f"left running: {left} of {pids}"
     ports = sorted({p for i in info for p in i["ports"]})
     assert len(ports) >= 4  # two worker servers, one PS, the liveness hub
-    assert _listening(ports) == []
+    assert listening(ports) == []
 
 
 LIVENESS_TIMEOUT = 8
@@ -109,7 +111,7 @@ LIVENESS_TIMEOUT = 8
     ("ps", r"parameter server ps:0 \(host localhost\) \(pid {pid}\) stopped responding"),
 ])
 def test_a_stopped_process_is_named_and_stops_the_job(tmp_path, victim, message):
-    hit = _hit(tmp_path, victim, signal.SIGSTOP)
+    hit = signal_job(tmp_path, victim, signal.SIGSTOP)
     assert hit.returncode != 0
     assert hit.elapsed < LIVENESS_TIMEOUT + 20, hit.elapsed
     assert re.search(message.format(pid=hit.pid), hit.output), hit.output[-5000:]
@@ -120,7 +122,7 @@ def test_a_stopped_process_is_named_and_stops_the_job(tmp_path, victim, message)
             assert not re.search(rf"{other} \(host localhost, pid \d+\)( \(the chief\))? "
                                  "stopped", hit.output), hit.output[-5000:]
     assert not hit.left, f"left running (then killed by the test): {hit.left}"
-    assert _listening(hit.ports) == []
+    assert listening(hit.ports) == []
 
 
 class _Hit:
@@ -130,7 +132,7 @@ class _Hit:
         self.__dict__.update(kw)
 
 
-def _hit(tmp_path, victim, sig, delay=0.0, np_=2, hosts=None, cluster=None):
+def signal_job(tmp_path, victim, sig, delay=0.0, np_=2, hosts=None, cluster=None):
     """Starts a job (liveness timeout LIVENESS_TIMEOUT), sends `sig` to `victim` ("worker
     R", "ps" for the first host's PS, "ps R" for the PS that rank R spawned) `delay` s
     after training started, waits for the job's end and for its processes to go; kills
@@ -171,7 +173,7 @@ def test_chaos_a_random_role_killed_or_stopped_at_a_random_time(tmp_path, run):
     victim = rng.choice(["worker 0", "worker 1", "ps"])
     sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
     delay = rng.uniform(0.0, 2.0)
-    hit = _hit(tmp_path, victim, sig, delay)
+    hit = signal_job(tmp_path, victim, sig, delay)
     case = f"seed {seed}: {signal.Signals(sig).name} of {victim} after {delay:.2f} s"
     assert hit.returncode != 0, case
     assert hit.elapsed < LIVENESS_TIMEOUT + 20, (case, hit.elapsed)
@@ -182,7 +184,7 @@ def test_chaos_a_random_role_killed_or_stopped_at_a_random_time(tmp_path, run):
     alternative = rf"|Process name: {rank}\n" if victim != "ps" and sig == signal.SIGKILL else ""
     assert re.search(named + alternative, hit.output), (case, hit.output[-5000:])
     assert not hit.left, (case, hit.left)
-    assert _listening(hit.ports) == [], case
+    assert listening(hit.ports) == [], case
 
 
 def test_no_tfpar_socket_listens_on_a_wildcard_address(tmp_path):

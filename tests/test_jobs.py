@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 
-from launch import REPO, TESTS, horovodrun, processes_running
+from tests.launch import REPO, TESTS, horovodrun, processes_running
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 
 def test_shard_gives_disjoint_complete_slices(tmp_path):

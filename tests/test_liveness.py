@@ -8,7 +8,7 @@ import pytest
 import tfpar
 from tfpar import liveness
 from tfpar.errors import TfparError
-from launch import REPO
+from tests.launch import REPO
 
 # Worker 0's hub in a process of its own (a failing liveness check ends its process), a
 # stranger and the genuine worker 1 knocking. Prints one line per check.
@@ -27,7 +27,7 @@ def knock(secret, rank=1):
     c = socket.create_connection(("127.0.0.1", hub.getsockname()[1]), timeout=5)
     f = c.makefile("r")
     word, nonce = f.readline().split()
-    c.sendall(("HELLO %d mine %s\n" % (rank, L._mac(secret, "worker %d %s" % (rank, nonce)))).encode())
+    c.sendall(("HELLO %d mine %s\n" % (rank, L.handshake_mac(secret, "worker %d %s" % (rank, nonce)))).encode())
     return c, f.readline().split()
 
 c, answer = knock("guessed")
@@ -35,7 +35,7 @@ print("stranger:", answer or "refused")
 c, answer = knock("job-secret", rank=0)
 print("rank 0 claimed:", answer or "refused")
 c, answer = knock("job-secret")
-print("worker 1:", answer[0], answer[1] == L._mac("job-secret", "hub mine"))
+print("worker 1:", answer[0], answer[1] == L.handshake_mac("job-secret", "hub mine"))
 time.sleep(0.3)
 try:
     socket.create_connection(("127.0.0.1", hub.getsockname()[1]), timeout=2)

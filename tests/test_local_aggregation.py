@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
-from launch import run_scenarios
-from reference import check
+from tests import models
+from tests.launch import run_scenarios
+from tests.reference import check
 
 import tfpar
 from tfpar import routing

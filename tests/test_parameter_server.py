@@ -17,9 +17,11 @@ import os
 import numpy as np
 import pytest
 
-import models
-from launch import run_scenarios
-from reference import check
+from tests import models
+from tests.launch import run_scenarios
+from tests.reference import check
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 STEPS, BATCH = 4, 8
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
@@ -65,7 +67,7 @@ def _plan(ranks):
     return {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
 
 
-def _check_routes(ranks, scenario):
+def check_routes(ranks, scenario):
     plan = _plan(ranks)
     mode = scenario["config"].get("run_mode", "HYBRID")
     p = scenario["model"]["emb_partitions"]
@@ -89,13 +91,13 @@ def _check_routes(ranks, scenario):
 @pytest.mark.parametrize("scenario", SCENARIOS_2, ids=[s["name"] for s in SCENARIOS_2])
 def test_two_workers_equal_single_device(results2, scenario):
     ranks = check(results2, scenario, 2)
-    _check_routes(ranks, scenario)
+    check_routes(ranks, scenario)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS_4, ids=[s["name"] for s in SCENARIOS_4])
 def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
     ranks = check(results4, scenario, 4)
-    _check_routes(ranks, scenario)
+    check_routes(ranks, scenario)
     assert [h for h, _ in json.loads(str(ranks[0]["plan"]))["hosts"]] == ["localhost",
                                                                          "127.0.0.1"]
 

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import search_model
-from launch import TESTS, horovodrun
-from reference import ATOL, RTOL
+from tests import search_model
+from tests.launch import TESTS, horovodrun
+from tests.reference import ATOL, RTOL
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 N = 2
 
@@ -83,7 +85,7 @@ def test_the_count_is_remembered(job, tmp_path):
 
 
 def test_tfpar_plan_shows_the_remembered_search_and_can_forget_it(job):
-    from test_cli import tfpar_cmd
+    from tests.test_cli import tfpar_cmd
     out, _ = job
     args = ("plan", os.path.join(TESTS, "search_model.py:build"), "--resources", "localhost:2",
             "--search-cache", str(out / "cache"))

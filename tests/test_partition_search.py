@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tfpar
-from tfpar.partition.search import PartitionSearch, SearchResult
+from tfpar.partition.counts.search import PartitionSearch, SearchResult
 
 
 def run(curve, start=2, lower=1, upper=1024, max_trials=5):

@@ -4,7 +4,7 @@ import tensorflow as tf
 
 import tfpar
 from tfpar.analysis import analyse
-from tfpar.partition import check_groups, marked_groups, training_step
+from tfpar.partition.counts import check_groups, marked_groups, training_step
 
 tf1 = tf.compat.v1
 

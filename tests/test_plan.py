@@ -9,7 +9,7 @@ from tfpar.plan import Plan
 from tfpar.planner import make_plan
 from tfpar.resources import parse_resources
 
-import models
+from tests import models
 
 tf1 = tf.compat.v1
 
@@ -25,6 +25,52 @@ def test_json_round_trip():
         again = Plan.from_json(plan.to_json())
         assert again == plan
         assert again.table() == plan.table()
+
+
+def test_json_round_trip_of_a_plan_with_every_route():
+    """allreduce, allgather, ps (in parts), replicated and tiled in one plan."""
+    import dataclasses
+    from tfpar.mesh import DeviceMesh
+    from tfpar.partition.tiling import Dataflow, plan_tiling
+    graph, _ = models.build(sparse=True, optimizer="adam", batch=8)
+    analysis, layout = analyse(graph), parse_resources("a:2,b:2")
+    hybrid = make_plan(analysis, tfpar.Config(partitions=2), layout)
+    gathered = make_plan(analysis, tfpar.Config(run_mode="AR"), layout).variable("emb")
+    df = Dataflow()
+    df.matrix("x", (8, models.IN), "input")
+    df.matrix("w1", (models.IN, models.HIDDEN), "weight")
+    df.matrix("h", (8, models.HIDDEN), "activation")
+    df.matmul("mm", "x", "w1", "h")
+    tiling = plan_tiling(df, DeviceMesh.hosts(2, 2, 1.25e9, 25e9, 1e-5))
+    plan = dataclasses.replace(hybrid, variables=hybrid.variables + (
+        dataclasses.replace(gathered, name="emb_gathered"),)).with_tiling(tiling)
+    routes = {v.route for v in plan.variables}
+    assert routes == {"allreduce", "allgather", "ps", "replicated", "tiled"}, routes
+    assert plan.variable("w1").tiling == tiling.tilings["w1"]
+    assert plan.variable("w1/Adam").route == "tiled"  # slots follow their variable
+    assert any(len(v.parts) == 2 for v in plan.variables if v.route == "ps")
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.table() == plan.table()
+    assert again.tiling.mesh == tiling.mesh and again.tiling.tile("w1", 3) == tiling.tile("w1", 3)
+    two = plan_tiling(df, 2)
+    stranger = dataclasses.replace(two, tilings={**two.tilings, "w9": two.tilings["w1"]},
+                                   kinds={**two.kinds, "w9": "weight"})
+    with pytest.raises(ValueError, match="does not have"):
+        hybrid.with_tiling(stranger)
+
+
+def test_a_tiled_route_is_refused_by_the_rewrite_with_a_clear_error():
+    from tfpar.partition.tiling import Dataflow, plan_tiling
+    from tfpar.transform.rewrite import rewrite
+    graph, _ = models.build(batch=8)
+    plan = make_plan(analyse(graph), tfpar.Config(), parse_resources("localhost:2"))
+    df = Dataflow()
+    df.matrix("x", (8, models.IN), "input")
+    df.matrix("w1", (models.IN, models.HIDDEN), "weight")
+    df.matrix("h", (8, models.HIDDEN), "activation")
+    df.matmul("mm", "x", "w1", "h")
+    with pytest.raises(tfpar.NotYetSupportedError, match="route 'tiled'"):
+        rewrite(graph, plan.with_tiling(plan_tiling(df, 2)), 0)
 
 
 def test_routes_and_predicted_bytes():

@@ -19,9 +19,11 @@ import json
 
 import pytest
 
-import models
-from launch import run_scenarios
-from reference import check
+from tests import models
+from tests.launch import run_scenarios
+from tests.reference import check
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 STEPS, BATCH = 4, 8
 TWO_HOSTS = "localhost:2,127.0.0.1:2"

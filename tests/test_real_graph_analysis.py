@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfpar
-from launch import REPO
+from tests.launch import REPO
 from tfpar.planner import make_plan
 from tfpar.resources import parse_resources
 

@@ -27,19 +27,21 @@ import sys
 import numpy as np
 import pytest
 
-from launch import REPO, TESTS, horovodrun
+from tests.launch import REPO, TESTS, horovodrun
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 STEPS, BATCH = 3, 4
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
 REFERENCE = r'''
 import sys, json, numpy as np, tensorflow as tf
-sys.path[:0] = [sys.argv[1] + "/tests/workers", sys.argv[1] + "/examples"]
 if sys.argv[3] == "tf1":
     tf.compat.v1.disable_v2_behavior()
 else:
     tf.compat.v1.disable_eager_execution()
-import tfpar, lstm_lm
-from lstm_lm_worker import MODEL, data
+import tfpar
+from examples import lstm_lm
+from tests.workers.lstm_lm import MODEL, data
 init = dict(np.load(sys.argv[2]))
 graph, h = lstm_lm.build_graph(**MODEL)
 with graph.as_default():
@@ -71,12 +73,7 @@ def _check(tmp, name, n, tf1):
     ranks = [np.load(os.path.join(tmp, name, f"rank{r}.npz")) for r in range(n)]
     out = os.path.join(tmp, name, "reference.npz")
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    # The reference imports the worker module by another name (its file name is taken).
-    link = os.path.join(tmp, "lstm_lm_worker.py")
-    if not os.path.exists(link):
-        os.symlink(os.path.join(TESTS, "workers", "lstm_lm.py"), link)
-    script = REFERENCE.replace('sys.argv[1] + "/tests/workers"', repr(tmp))
-    proc = subprocess.run([sys.executable, "-c", script, REPO,
+    proc = subprocess.run([sys.executable, "-c", REFERENCE, REPO,
                            os.path.join(tmp, name, "rank0.npz"), "tf1" if tf1 else "tf2",
                            str(STEPS), str(BATCH * n), out], env=env, capture_output=True,
                           text=True, timeout=300)

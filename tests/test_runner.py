@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
+from tests import models
 import tfpar
 
 tf1 = tf.compat.v1

@@ -9,7 +9,11 @@ grows by less than 25 MB. A leak of one small tensor or one op per step would ex
 import json
 import os
 
-from launch import TESTS, horovodrun
+import pytest
+
+from tests.launch import TESTS, horovodrun
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 STEPS = 3000
 MARGIN = 25 * 2**20

@@ -9,7 +9,9 @@ import shutil
 
 import pytest
 
-from launch import TESTS, horovodrun, processes_running
+from tests.launch import TESTS, horovodrun, processes_running
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
 WORKER = r"worker {r} \(host localhost, pid \d+\)"
 CASES = {

@@ -6,15 +6,17 @@ import numpy as np
 import pytest
 
 import tfpar
-from tfpar.partition.dataflow import mlp
-from tfpar.partition.tiling import Cut, Tiling, convert_cost, distinct_tilings, matmul_cost
-from tfpar.partition import min_sum
-from tfpar.partition.dataflow import Dataflow
-from tfpar.partition.tiling_planner import (DATA_PARALLEL, EXACT_LIMITS, MODEL_PARALLEL,
-                                            TilingPlan, _cost_table, _k_cuts,
+from tfpar.plan import Plan
+from tfpar.mesh import DeviceMesh, MeshLevel
+from tfpar.partition.tiling.dataflow import mlp
+from tfpar.partition.tiling.cuts import Cut, Tiling, convert_cost, distinct_tilings, matmul_cost
+from tfpar.partition.tiling import min_sum
+from tfpar.partition.tiling.dataflow import Dataflow
+from tfpar.partition.tiling.planner import (DATA_PARALLEL, EXACT_LIMITS, MODEL_PARALLEL,
+                                            TilingPlan, cost_table, recursive_cuts,
                                             best_group_hybrid, canonical, cost_of, one_cut,
                                             plan_tiling, section22_bytes, solve)
-from tiling_enumeration import brute_force, chain_optimum, tables
+from tests.tiling_enumeration import brute_force, chain_optimum, tables
 
 MB = 1e6
 SOYBEAN_MLP = mlp(400, [300] * 6)  # 5 layers of 300, batch 400
@@ -59,7 +61,7 @@ def test_conversion_model_matches_the_digest_on_two_devices():
 
 
 def test_bias_add_and_bias_gradient_costs():
-    from tfpar.partition.tiling import broadcast_cost, reduce_cost
+    from tfpar.partition.tiling.cuts import broadcast_cost, reduce_cost
     s = 100.0
     # dY split over the batch rows (data parallel): partial sums, all-reduced into a
     # replicated bias (2S(m-1)), or reduce-scattered into a split one (S(m-1)).
@@ -115,7 +117,7 @@ def test_theorem_1_accumulation():
     """c_k = sum_i 2^(k-i) delta_i: the plan's total is the weighted sum of its cuts."""
     plan = plan_tiling(SOYBEAN_MLP, 8)
     df, weight, total = SOYBEAN_MLP, 1, 0.0
-    tilings = {x: Tiling.parse(t) for x, t in plan.tilings.items()}
+    tilings = plan.tilings
     for level, m in enumerate(plan.cuts):
         assign = {x: t.cuts[level].dim for x, t in tilings.items()}
         delta = sum(matmul_cost(assign[mm.a], assign[mm.b], assign[mm.out],
@@ -178,18 +180,18 @@ def test_the_recursion_is_not_always_optimal_and_joint_never_worse():
     for df in _chains():
         for order in ((2, 2), (2, 2, 2)):
             _, joint = solve(df, order)
-            _, greedy, _ = _k_cuts(df, order)
+            _, greedy, _ = recursive_cuts(df, order)
             assert joint <= greedy + 1e-9
             greedy_worse += greedy > joint + 1e-9
     assert greedy_worse >= 3
     # The README's example: batch 6, widths 32-4-4-16, 8 devices.
     example = mlp(6, [32, 4, 4, 16])
-    assert solve(example, (2, 2, 2))[1] == 352 and _k_cuts(example, (2, 2, 2))[1] == 416
+    assert solve(example, (2, 2, 2))[1] == 352 and recursive_cuts(example, (2, 2, 2))[1] == 416
     # Beyond the joint search's budget (16 and 64 devices): blocks of cuts solved jointly,
     # kept only when they beat the plain recursion.
     for df, n in ((SOYBEAN_MLP, 16), (mlp(64, [256] * 4), 64)):
         plan = plan_tiling(df, n)
-        _, greedy, _ = _k_cuts(df, plan.cuts)
+        _, greedy, _ = recursive_cuts(df, plan.cuts)
         assert plan.total_bytes <= greedy * 4 + 1e-6
         assert plan.search.startswith("recursion over blocks of cuts"), plan.search
         assert plan.total_bytes < greedy * 4
@@ -217,7 +219,7 @@ def test_vectorised_cost_tables_equal_the_scalar_rule():
     for order in ((2,), (2, 2), (3, 2)):
         names, doms, reference = tables(df, order)
         for mm, (scope, table) in zip(df.matmuls, reference):
-            got_scope, got = _cost_table(df, mm, doms, order)
+            got_scope, got = cost_table(df, mm, doms, order)
             assert got_scope == scope
             np.testing.assert_allclose(got, table, rtol=1e-12)
         _, best = solve(df, order)
@@ -255,8 +257,9 @@ def test_any_device_count_and_hierarchy():
                           (SOYBEAN_MLP, ((4, 1.25), (2, 25.0))),
                           (mlp(256, [1024] * 5), ((2, 1.25), (8, 25.0)))):
         n = hierarchy[0][0] * hierarchy[1][0]
-        h = plan_tiling(df, n, hierarchy=hierarchy)
-        assert h.hierarchy == hierarchy and sorted(h.cut_bandwidths) == sorted(
+        mesh = DeviceMesh(tuple(MeshLevel(p, gbps * 1e9) for p, gbps in hierarchy))
+        h = plan_tiling(df, mesh)
+        assert h.mesh == mesh and h.devices == n and sorted(h.cut_bandwidths) == sorted(
             [bw for parts, bw in hierarchy for _ in range({2: 1, 4: 2, 8: 3}[parts])])
         assert sum(h.bytes_by_cut) == pytest.approx(h.total_bytes)
         plain = plan_tiling(df, n)
@@ -272,11 +275,13 @@ def test_any_device_count_and_hierarchy():
         assert max(slow) <= min(fast) + 1e-6
     # On SoyBean's MLP it pays: a little more traffic in all, less on the slow link.
     assert seconds(*(lambda p: (p.bytes_by_cut, p.cut_bandwidths))(plan_tiling(
-        SOYBEAN_MLP, 8, hierarchy=((2, 1.25), (4, 25.0))))) < min(
+        SOYBEAN_MLP, DeviceMesh.hosts(2, 4, 1.25e9, 25e9)))) < min(
         seconds(plan_tiling(SOYBEAN_MLP, 8).bytes_by_cut, p)
         for p in itertools.permutations((25.0, 25.0, 1.25)))
-    with pytest.raises(tfpar.TfparError, match="positive link bandwidths"):
-        plan_tiling(SOYBEAN_MLP, 4, hierarchy=((2, 0), (2, 25.0)))
+    with pytest.raises(ValueError, match="positive bandwidth"):
+        DeviceMesh(((2, 0), (2, 25e9)))
+    with pytest.raises(tfpar.TfparError, match="DeviceMesh"):
+        plan_tiling(SOYBEAN_MLP, 4, time=True)
 
 
 def test_plan_round_trips_and_prints():
@@ -294,7 +299,7 @@ def test_plan_round_trips_and_prints():
         for device in range(8):
             held[tuple(slice(lo, hi) for lo, hi in plan.tile(name, device))] += 1
         copies = 1
-        for cut in Tiling.parse(tiling).cuts:
+        for cut in tiling.cuts:
             copies *= cut.parts if cut.dim is None else 1
         assert (held == copies).all(), (name, tiling)
     rc = Tiling.parse("RC")
@@ -309,7 +314,7 @@ def test_bad_input():
         plan_tiling(mlp(4, [4, 4]), 64)
     with pytest.raises(tfpar.TfparError, match="batch size"):
         mlp(None, [4, 4])
-    from tfpar.partition.dataflow import Dataflow
+    from tfpar.partition.tiling.dataflow import Dataflow
     with pytest.raises(tfpar.TfparError, match="no matmuls"):
         plan_tiling(Dataflow(), 2)
 
@@ -333,7 +338,7 @@ def _tf_mlp(batch):
 
 
 def test_extraction_from_a_real_graph():
-    from tfpar.partition.extract import extract
+    from tfpar.partition.tiling.extract import extract
     g = _tf_mlp(None)
     df = extract(g, tfpar.analyse(g), batch=32)
     causes = sorted(mm.cause for mm in df.matmuls)
@@ -346,7 +351,7 @@ def test_extraction_from_a_real_graph():
     # Each weight gradient is written into its weight's matrix (an element-wise update).
     assert {mm.out for mm in df.matmuls if mm.cause == "backward_weight"} == {"w0", "w1", "w2"}
     # Bias adds (BiasAdd, and Add broadcasting) and bias gradients (BiasAddGrad, Sum).
-    from tfpar.partition.dataflow import Broadcast, Reduce
+    from tfpar.partition.tiling.dataflow import Broadcast, Reduce
     adds = [op for op in df.ops if isinstance(op, Broadcast)]
     sums = [op for op in df.ops if isinstance(op, Reduce)]
     assert sorted(op.a for op in adds) == ["b0", "b1"] and all(
@@ -362,12 +367,15 @@ def test_extraction_from_a_real_graph():
 
 
 def test_tfpar_plan_tiling_on_the_examples():
-    from test_cli import MODEL, tfpar_cmd
+    from tests.test_cli import MODEL, tfpar_cmd
     proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "4")
     assert proc.returncode == 0, proc.stderr
     assert "tfpar tiling plan: 4 devices" in proc.stdout and "dense0/kernel" in proc.stdout
     proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "4", "--json")
-    assert TilingPlan.from_json(proc.stdout).devices == 4
+    plan = Plan.from_json(proc.stdout)  # the plan type get_runner consumes
+    assert plan.tiling.devices == 4 and plan.num_workers == 4
+    kernel = plan.variable("dense0/kernel")
+    assert kernel.route == "tiled" and kernel.tiling == plan.tiling.tilings["dense0/kernel"]
     proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "0")
     assert proc.returncode == 2 and "positive int" in proc.stderr
     proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "4", "--time", "--link-gbps", "1")
@@ -376,8 +384,9 @@ def test_tfpar_plan_tiling_on_the_examples():
     proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "8", "--hosts", "2",
                      "--host-gbps", "1", "--link-gbps", "20", "--json")
     assert proc.returncode == 0, proc.stderr
-    plan = TilingPlan.from_json(proc.stdout)
-    assert plan.hierarchy == ((2, 1.0), (4, 20.0)) and sorted(plan.cut_bandwidths) == [1, 20, 20]
+    plan = Plan.from_json(proc.stdout).tiling
+    assert plan.mesh == DeviceMesh(((2, 1e9, 1e-5), (4, 20e9, 1e-5)), 10e12) and sorted(
+        plan.cut_bandwidths) == [1, 20, 20]
     proc = tfpar_cmd("plan", MODEL, "--tiling", "--devices", "16", "--exact")
     assert proc.returncode == 0, proc.stderr
     assert "search: exact (joint over all cuts)" in proc.stdout

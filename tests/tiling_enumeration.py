@@ -15,8 +15,8 @@ import itertools
 
 import numpy as np
 
-from tfpar.partition.tiling import Tiling
-from tfpar.partition.tiling_planner import op_cut_cost, tilings_of
+from tfpar.partition.tiling.cuts import Tiling
+from tfpar.partition.tiling.planner import op_cut_cost, tilings_of
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,14 +22,26 @@ import os as _os
 if _importlib_util.find_spec("tf_keras") is not None:
     _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from tfpar.analysis import GraphAnalysis, analyse  # noqa: E402
 from tfpar.config import Config  # noqa: E402
-from tfpar.errors import NotYetSupportedError, TfparError
-from tfpar.partition.partitioner import partitioner
-from tfpar.plan import Plan
-from tfpar.runner import Runner, get_runner
-from tfpar.shard import shard
-from tfpar.version import __version__
+from tfpar.errors import NotYetSupportedError, TfparError  # noqa: E402
+from tfpar.plan import Plan  # noqa: E402
+from tfpar.version import __version__  # noqa: E402
+
+# What needs TensorFlow loads on first use, so the pure core (plans, cost model, partition
+# counts and tilings) imports without it.
+_LAZY = {"get_runner": "tfpar.runner", "Runner": "tfpar.runner", "shard": "tfpar.sharding",
+         "partitioner": "tfpar.partition.counts.partitioner", "analyse": "tfpar.analysis",
+         "GraphAnalysis": "tfpar.analysis"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later reads skip this hook
+        return value
+    raise AttributeError(f"module 'tfpar' has no attribute {name!r}")
+
 
 __all__ = ["get_runner", "shard", "partitioner", "Config", "Plan", "Runner", "TfparError",
            "NotYetSupportedError", "analyse", "GraphAnalysis", "__version__"]

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
+from tfpar.table import format_table
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
@@ -587,12 +588,3 @@ def _fmt_shape(shape) -> str:
 
 def _fmt_int(n) -> str:
     return "?" if n is None else f"{n:,}"
-
-
-def format_table(rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned columns with a rule under the header row."""
-    rows = [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

@@ -60,6 +60,41 @@ def load_graph(source: str):
     raise TfparError(f"{path}:{func}() returned {type(result).__name__}; return a tf.Graph")
 
 
+def _plan_tiling(args, graph, analysis, scope):
+    """`tfpar plan --tiling`: the tiling planner's result for the devices asked for, and the
+    layout of workers it is for (one per device)."""
+    from tfpar.errors import TfparError
+    from tfpar.mesh import DeviceMesh
+    from tfpar.partition.tiling.extract import extract
+    from tfpar.partition.tiling.planner import EXACT_LIMITS, plan_tiling
+    from tfpar.resources import parse_resources
+
+    if args.devices is None:
+        layout = parse_resources(args.resources)
+        devices = layout.num_workers
+    else:
+        devices, layout = args.devices, None
+    if devices < 1:
+        raise TfparError(f"the number of devices must be a positive int, got {devices}")
+    if args.hosts is not None and (args.hosts < 1 or devices % args.hosts):
+        raise TfparError(f"--hosts {args.hosts} does not divide {devices} devices "
+                         "into equal hosts")
+    per_host = devices // (args.hosts or 1)
+    if layout is None:
+        layout = parse_resources(",".join(f"host{i}:{per_host}" for i in range(args.hosts))
+                                 if args.hosts else f"localhost:{devices}")
+    mesh = (DeviceMesh.hosts(args.hosts, per_host, args.host_gbps * 1e9, args.link_gbps * 1e9,
+                             args.latency_us / 1e6, args.tflops * 1e12)
+            if args.hosts is not None else
+            DeviceMesh.flat(devices, args.link_gbps * 1e9, args.latency_us / 1e6,
+                            args.tflops * 1e12))
+    # Without --hosts or --time the plan minimises bytes: a count is enough.
+    target = mesh if args.hosts is not None or args.time else devices
+    tiling = plan_tiling(extract(graph, analysis, args.batch, scope), target, time=args.time,
+                         exact_limits=EXACT_LIMITS if args.exact else None)
+    return tiling, layout
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="tfpar", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,7 +120,8 @@ def main(argv=None):
                       help="delete the remembered partition search of this graph and layout, "
                       "so the next job searches again")
     plan.add_argument("--tiling", action="store_true",
-                      help="plan tilings of the matmuls (model/hybrid parallelism) instead")
+                      help="also plan tilings of the matmuls (model/hybrid parallelism): "
+                      "their weights get route 'tiled'")
     plan.add_argument("--devices", type=int, help="devices for --tiling (default: workers)")
     plan.add_argument("--batch", type=int, help="batch size for --tiling, where the graph "
                       "leaves it unknown")
@@ -107,7 +143,7 @@ def main(argv=None):
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
 
-    from tfpar import partition
+    from tfpar.partition import counts
     from tfpar.analysis import DEFAULT_GRADIENT_SCOPE, analyse
     from tfpar.config import Config
     from tfpar.errors import TfparError
@@ -123,38 +159,14 @@ def main(argv=None):
             print(f"global step: {analysis.global_step or '-'}; "
                   f"train ops: {', '.join(analysis.train_ops) or '-'}")
             return 0
-        if args.command == "plan" and args.tiling:
-            import tensorflow as tf
-            from tfpar.partition.extract import extract
-            from tfpar.partition.tiling_planner import EXACT_LIMITS, plan_tiling
-            from tfpar.transform.graph_copy import copy_graph
-            source = graph if isinstance(graph, tf.Graph) else copy_graph(graph)
-            devices = (args.devices if args.devices is not None
-                       else parse_resources(args.resources).num_workers)
-            if devices < 1:
-                raise TfparError(f"the number of devices must be a positive int, got "
-                                 f"{devices}")
-            levels = [(devices, args.link_gbps)]
-            if args.hosts is not None:
-                if args.hosts < 1 or devices % args.hosts:
-                    raise TfparError(f"--hosts {args.hosts} does not divide {devices} devices "
-                                     "into equal hosts")
-                levels = [(args.hosts, args.host_gbps), (devices // args.hosts, args.link_gbps)]
-                levels = [(n, bw) for n, bw in levels if n > 1] or levels[-1:]
-            machine = None
-            if args.time:
-                from tfpar.partition.simulate import Machine
-                from tfpar.partition.tiling_planner import factorizations
-                machine = Machine(args.tflops * 1e12, tuple(
-                    (p, bw * 1e9, args.latency_us * 1e-6)
-                    for n, bw in levels for p in factorizations(n)[0]))
-            tiling = plan_tiling(extract(source, analysis, args.batch, scope), devices,
-                                 hierarchy=levels if args.hosts is not None else None,
-                                 machine=machine,
-                                 exact_limits=EXACT_LIMITS if args.exact else None)
-            print(tiling.to_json() if args.json else tiling.table())
-            return 0
-        layout = parse_resources(args.resources)
+        import tensorflow as tf
+        from tfpar.transform.graph_copy import copy_graph, to_meta_graph
+        source = graph if isinstance(graph, tf.Graph) else copy_graph(graph)
+        tiling = None
+        if args.tiling:
+            tiling, layout = _plan_tiling(args, source, analysis, scope)
+        else:
+            layout = parse_resources(args.resources)
         if any(h.slots is None for h in layout.hosts):
             raise TfparError("tfpar plan needs a worker count per host: give GPU ids in the "
                              "resource file, or use --resources host:N,...")
@@ -164,28 +176,13 @@ def main(argv=None):
                         local_aggregation=not args.no_local_aggregation,
                         sparse_route=args.sparse_route)
         result = make_plan(analysis, config, layout)
-        notes = []
-        import tensorflow as tf
-        from tfpar.transform.graph_copy import copy_graph, to_meta_graph
-        groups = partition.marked_groups(graph if isinstance(graph, tf.Graph)
-                                         else copy_graph(graph))
-        if groups and result.mode in ("HYBRID", "PS"):
-            partition.check_groups(groups, analysis, result.mode)
-            key = partition.cache_key(to_meta_graph(graph), analysis, layout, groups,
-                                      result.mode)
-            if args.forget_search and os.path.exists(partition.cache_path(config, key)):
-                os.remove(partition.cache_path(config, key))
-                notes.append("forgot the remembered partition search")
-            decisions = partition.remembered(config, key, groups)
-            if decisions:
-                counts = {n: d.partitions for d in decisions.values() for n in d.variables}
-                config = dataclasses.replace(config, partitions=counts)
-                result = make_plan(analysis, config, layout,
-                                   {g: d.to_dict() for g, d in decisions.items()})
-            else:
-                notes.append("the partition count of the tfpar.partitioner variables is "
-                             "searched when the job starts (none remembered for this graph "
-                             "and layout)")
+        config, decisions, notes = counts.resolve_counts(
+            source, to_meta_graph(graph), analysis, config, layout, result,
+            forget=args.forget_search)
+        if decisions:
+            result = make_plan(analysis, config, layout, decisions)
+        if tiling is not None:
+            result = result.with_tiling(tiling)
         print(result.to_json() if args.json else result.table())
         for n in notes:
             print(f"note: {n}", file=sys.stderr if args.json else sys.stdout)

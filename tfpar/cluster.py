@@ -1,23 +1,17 @@
-"""The servers of a parameter-server job under `horovodrun`: TensorFlow servers and PS processes.
+"""The servers of a parameter-server job under `horovodrun`: TensorFlow servers and addresses.
 
 `horovodrun` starts only workers. For a plan with parameter servers every worker starts an
 in-process TensorFlow gRPC server (job `worker`, task = Horovod rank), and each host's
-local-rank-0 worker spawns one PS process (job `ps`, task = host index) that dies with it.
-Addresses travel through a Horovod allgather. The job's liveness links (`tfpar.liveness`)
-watch the PS too: its parent pings it and names it when it dies or stops answering, and
-the last barrier at exit keeps every PS up until no worker may read from it.
+local-rank-0 worker spawns one PS process (job `ps`, task = host index; `tfpar.ps_process`)
+that dies with it. Addresses travel through a Horovod allgather. The last barrier at exit
+(`tfpar.liveness`) keeps every PS up until no worker may read from it.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
-import threading
-import time
 from typing import List, Optional, Tuple
 
 import tensorflow as tf
@@ -25,9 +19,8 @@ import tensorflow as tf
 from tfpar import runtime
 from tfpar.errors import TfparError
 from tfpar.liveness import Liveness, job_address
+from tfpar.ps_process import PsProcess
 from tfpar.resources import Layout
-
-_PS_START_TIMEOUT_S = 120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +73,11 @@ class Cluster:
                  interface: Optional[str] = None):
         hvd = runtime.horovod()
         self.liveness = liveness
-        self._ps_unresponsive = False
         self.rank, self.size = hvd.rank(), hvd.size()
         self.layout = layout
         self.host_index = layout.host_of_rank(self.rank)
         self.host = layout.hosts[self.host_index].name
-        self._ps_proc: Optional[subprocess.Popen] = None
+        self.ps: Optional[PsProcess] = None  # the PS this worker spawned, if any
 
         first_local = self.rank == 0 or layout.host_of_rank(self.rank - 1) != self.host_index
         # Peers dial the address of the job's interface (tfpar.Config(interface=...), else
@@ -110,8 +102,9 @@ class Cluster:
 
         if ps_hold is not None:
             ps_hold.close()
-            self._spawn_ps(self.host_index, ps_port)
-            liveness.on_exit(self._stop_ps)
+            self.ps = PsProcess(self.cluster_spec.as_dict(), self.host_index, liveness,
+                                self.describe(f"ps {self.host_index}"))
+            liveness.on_exit(self.ps.stop)
         worker_hold.close()
         try:
             self.server = tf.distribute.Server(self.cluster_spec, job_name="worker",
@@ -120,13 +113,9 @@ class Cluster:
         except tf.errors.OpError as e:
             raise TfparError(f"worker {self.rank} could not start its TensorFlow server on "
                              f"{me.worker}: {e.message}") from None
-        if self._ps_proc is not None:
-            self._wait_ps_ready(ps_port)
-            key = f"ps {self.host_index}"
-            liveness.watch(key, f"{self.describe(key)} (pid {self._ps_proc.pid})",
-                           self._kill_unresponsive_ps)
-            threading.Thread(target=self._ps_heartbeats, daemon=True,
-                             name="tfpar-ps-heartbeat").start()
+        if self.ps is not None:
+            self.ps.wait_ready(ps_port, self.host)
+            self.ps.watch()
         runtime.allgather_strings("ready")  # every server is up before any session starts
 
     # -- what transforms and the runner need ------------------------------------------------
@@ -136,7 +125,7 @@ class Cluster:
 
     @property
     def ps_pid(self) -> Optional[int]:
-        return self._ps_proc.pid if self._ps_proc is not None else None
+        return self.ps.pid if self.ps is not None else None
 
     def session_config(self, user_config=None):
         """The user's ConfigProto, seeing only the PS tasks and this worker (without the
@@ -170,74 +159,3 @@ class Cluster:
             m = self.members[i]
             return f"worker {i} (host {m.host}, pid {m.pid})"
         return f"parameter server ps:{i} (host {self.layout.hosts[i].name})"
-
-    # -- PS child ----------------------------------------------------------------------------
-    def _spawn_ps(self, task: int, port: int):
-        spec = json.dumps({"cluster": self.cluster_spec.as_dict(), "task": task})
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL=os.environ.get(
-            "TF_CPP_MIN_LOG_LEVEL", "2"))
-        # Not a Horovod process: drop the launcher's variables so nothing mistakes it for one.
-        for k in list(env):
-            if k.startswith(("HOROVOD_", "OMPI_", "PMI_")):
-                env.pop(k)
-        self._ps_proc = subprocess.Popen([sys.executable, "-m", "tfpar.ps_server", spec],
-                                         env=env, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True, bufsize=1)
-        threading.Thread(target=self._watch_ps, args=(task,), daemon=True,
-                         name="tfpar-ps-watch").start()
-
-    def _wait_ps_ready(self, port: int):
-        deadline = time.time() + _PS_START_TIMEOUT_S
-        while time.time() < deadline:
-            if self._ps_proc.poll() is not None:
-                return  # the watcher reports it
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise TfparError(f"the parameter server of host {self.host} did not start within "
-                         f"{_PS_START_TIMEOUT_S} s")
-
-    def _watch_ps(self, task: int):
-        proc = self._ps_proc
-        err = proc.stderr.read() if proc.stderr else ""
-        code = proc.wait()
-        if self.liveness.closing or self.liveness.dying or self._ps_unresponsive:
-            return
-        tail = " ".join(err.strip().splitlines()[-3:])
-        self.liveness.fail(f"{self.describe(f'ps {task}')} (pid {proc.pid}) died with exit "
-                           f"code {code}" + (f": {tail}" if tail else ""))
-
-    def _ps_heartbeats(self):
-        """PING this host's PS; its PONGs (read by a second thread) mark it alive."""
-        proc, key = self._ps_proc, f"ps {self.host_index}"
-
-        def read():
-            for line in proc.stdout:
-                if line.strip() == "PONG":
-                    self.liveness.beat(key)
-
-        threading.Thread(target=read, daemon=True, name="tfpar-ps-pong").start()
-        while proc.poll() is None and not self.liveness.closing:
-            try:
-                proc.stdin.write("PING\n")
-                proc.stdin.flush()
-            except (OSError, ValueError):
-                return  # it died: the watcher reports that
-            time.sleep(self.liveness.interval())
-
-    def _kill_unresponsive_ps(self):
-        self._ps_unresponsive = True  # its watcher must not report a death
-        self._ps_proc.kill()  # a stopped process ignores SIGTERM until continued
-
-    def _stop_ps(self):
-        proc = self._ps_proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()

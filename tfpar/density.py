@@ -21,7 +21,7 @@ import tensorflow as tf
 from tfpar import cost, runtime
 from tfpar.errors import TfparError
 from tfpar.routing import Links
-from tfpar.shard import with_shard_values
+from tfpar.sharding import with_shard_values
 from tfpar.transform.graph_copy import copy_graph
 
 _PROBES = 0  # link probes of this process (their Horovod op names must differ)

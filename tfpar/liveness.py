@@ -129,7 +129,8 @@ def _http(url: str, put: Optional[bytes] = None) -> Optional[bytes]:
 
 
 # -- the liveness links --------------------------------------------------------------------------
-def _mac(secret: str, text: str) -> str:
+def handshake_mac(secret: str, text: str) -> str:
+    """The proof a liveness peer gives that it knows the job's secret (HMAC-SHA256)."""
     return hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
 
 
@@ -278,10 +279,10 @@ class Liveness:
             word, rank_text, their_nonce, mac = (reader.readline().split() + ["", "", "", ""])[:4]
             rank = int(rank_text) if rank_text.isdigit() else -1
             ok = (word == "HELLO" and 0 < rank < self.size and rank not in self._conns
-                  and hmac.compare_digest(mac, _mac(self._secret, f"worker {rank} {nonce}")))
+                  and hmac.compare_digest(mac, handshake_mac(self._secret, f"worker {rank} {nonce}")))
             if not ok:
                 raise ValueError("it did not prove it belongs to this job")
-            conn.sendall(f"WELCOME {_mac(self._secret, f'hub {their_nonce}')}\n".encode())
+            conn.sendall(f"WELCOME {handshake_mac(self._secret, f'hub {their_nonce}')}\n".encode())
             conn.settimeout(None)
         except (OSError, ValueError) as e:
             sys.stderr.write(f"tfpar: refused a connection to the liveness hub from "
@@ -375,12 +376,12 @@ class Liveness:
         try:
             word, nonce = (reader.readline().split() + ["", ""])[:2]
             conn.sendall(f"HELLO {self.rank} {mine} "
-                         f"{_mac(self._secret, f'worker {self.rank} {nonce}')}\n".encode())
+                         f"{handshake_mac(self._secret, f'worker {self.rank} {nonce}')}\n".encode())
             answer, mac = (reader.readline().split() + ["", ""])[:2]
         except OSError:
             word = answer = mac = ""
         if word != "CHALLENGE" or answer != "WELCOME" or not hmac.compare_digest(
-                mac, _mac(self._secret, f"hub {mine}")):
+                mac, handshake_mac(self._secret, f"hub {mine}")):
             conn.close()
             raise TfparError(f"worker {self.rank}: the process at {self.hub_address} is not "
                              "this job's liveness hub (it failed the job-secret check)")

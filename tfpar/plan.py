@@ -9,9 +9,12 @@ import dataclasses
 import json
 from typing import Optional, Tuple
 
-from tfpar.analysis import format_table
+from tfpar.partition.tiling.cuts import Tiling
+from tfpar.partition.tiling.planner import TilingPlan
+from tfpar.resources import host_of_rank
+from tfpar.table import format_table
 
-ROUTES = ("allreduce", "allgather", "ps", "replicated")
+ROUTES = ("allreduce", "allgather", "ps", "replicated", "tiled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +51,9 @@ class VariablePlan:
     its rows summed densely with a count of the rows each worker touched), "allgather" (sparse gradient,
     Horovod allgather of values and indices), "ps" (stored in `parts` on the parameter
     servers; workers push gradients there and the chief applies the optimizer; optimizer
-    slots follow their variable's parts) or "replicated" (a copy on every worker, set equal
-    at start by a broadcast from worker 0).
+    slots follow their variable's parts), "replicated" (a copy on every worker, set equal
+    at start by a broadcast from worker 0) or "tiled" (split over the devices by `tiling`,
+    the tiling planner's choice: model parallelism, planned but not yet executed).
     """
 
     name: str
@@ -65,10 +69,13 @@ class VariablePlan:
     predicted_bytes: Optional[float] = None  # per worker per step, sent + received
     parts: Tuple[PartPlan, ...] = ()
     slot_of: Optional[str] = None
+    tiling: Optional[Tiling] = None  # route "tiled": which piece each device holds
 
     def __post_init__(self):
         if self.route not in ROUTES:
             raise ValueError(f"unknown route {self.route!r}")
+        if (self.route == "tiled") != (self.tiling is not None):
+            raise ValueError(f"{self.name}: a tiling goes with route 'tiled' and only with it")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +95,8 @@ class Plan:
     partition_search: Optional[dict] = None
     # density routing: {"links": ..., "choices": {variable: RouteChoice as dict}, "steps"}
     routing: Optional[dict] = None
+    # the tiling planner's result, whose weights' tilings the "tiled" variables carry
+    tiling: Optional[TilingPlan] = None
 
     @property
     def num_ps(self) -> int:
@@ -95,12 +104,7 @@ class Plan:
         return len(self.hosts) if any(v.route == "ps" for v in self.variables) else 0
 
     def host_of_rank(self, rank: int) -> int:
-        start = 0
-        for i, (_, slots) in enumerate(self.hosts):
-            start += slots
-            if rank < start:
-                return i
-        raise IndexError(rank)
+        return host_of_rank([slots for _, slots in self.hosts], rank)
 
     def ps_load(self) -> Tuple[int, ...]:
         """Bytes stored on each PS task (variables and slots)."""
@@ -109,6 +113,21 @@ class Plan:
             for p in v.parts:
                 load[p.ps_task] += _part_bytes(v, p)
         return tuple(load)
+
+    def with_tiling(self, tiling: TilingPlan) -> "Plan":
+        """This plan with the tiling planner's weights split as it chose (route "tiled");
+        the other variables keep their routes."""
+        chosen = tiling.placement
+        unknown = sorted(set(chosen) - {v.name for v in self.variables})
+        if unknown:
+            raise ValueError(f"the tiling plan splits {unknown}, which this plan does not have")
+        def split(v):  # a slot (Adam's m and v) is split as its variable is
+            owner = v.slot_of if v.slot_of in chosen else v.name
+            return (dataclasses.replace(v, route="tiled", tiling=chosen[owner], parts=(),
+                                        predicted_bytes=None, reduction=None)
+                    if owner in chosen else v)
+        variables = tuple(split(v) for v in self.variables)
+        return dataclasses.replace(self, variables=variables, tiling=tiling)
 
     def variable(self, name: str) -> VariablePlan:
         for v in self.variables:
@@ -119,9 +138,10 @@ class Plan:
     @property
     def predicted_bytes_per_step(self) -> Optional[float]:
         """Bytes one worker sends plus receives per step (None if a size is unknown)."""
-        total = 0.0
+        # The tiling plan counts its bytes over all devices, whatever variable they serve.
+        total = self.tiling.total_bytes / self.tiling.devices if self.tiling else 0.0
         for v in self.variables:
-            if v.route == "replicated" or not v.gradients:
+            if v.route in ("replicated", "tiled") or not v.gradients:
                 continue
             if v.predicted_bytes is None:
                 return None
@@ -130,7 +150,11 @@ class Plan:
 
     # -- serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for v, out in zip(self.variables, d["variables"]):
+            out["tiling"] = None if v.tiling is None else str(v.tiling)
+        d["tiling"] = self.tiling.to_dict() if self.tiling else None
+        return d
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -142,10 +166,13 @@ class Plan:
                             "gradients": tuple(GradientPlan(**{**g, "ops": tuple(g["ops"]),
                                                                  "row_sums": tuple(g.get("row_sums", ()))})
                                                for g in v["gradients"]),
-                            "parts": tuple(PartPlan(**p) for p in v["parts"])})
+                            "parts": tuple(PartPlan(**p) for p in v["parts"]),
+                            "tiling": None if v.get("tiling") is None
+                            else Tiling.parse(v["tiling"])})
             for v in d["variables"])
         return cls(**{**d, "hosts": tuple(tuple(h) for h in d["hosts"]), "variables": variables,
-                      "notes": tuple(d.get("notes", ()))})
+                      "notes": tuple(d.get("notes", ())),
+                      "tiling": TilingPlan.from_dict(d["tiling"]) if d.get("tiling") else None})
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
@@ -158,7 +185,8 @@ class Plan:
         for v in self.variables:
             rows.append((v.name, "[" + ",".join("?" if d is None else str(d) for d in v.shape) + "]",
                          "?" if v.nbytes is None else f"{v.nbytes:,}",
-                         v.kind if v.role == "trained" else v.role, v.route, _fmt_parts(v.parts),
+                         v.kind if v.role == "trained" else v.role,
+                         v.route + (f" {v.tiling}" if v.tiling else ""), _fmt_parts(v.parts),
                          v.reduction or "-",
                          _fmt_bytes(v.predicted_bytes, v.route if v.gradients else "replicated")))
         hosts = ",".join(f"{h}:{n}" for h, n in self.hosts)
@@ -181,8 +209,10 @@ class Plan:
             lines.append(f"partition count of {', '.join(d['variables'])}: P={d['partitions']} "
                          f"({how})")
             if d.get("search"):
-                from tfpar.partition.search import SearchResult
+                from tfpar.partition.counts.search import SearchResult
                 lines.append("  " + SearchResult.from_dict(d["search"]).describe())
+        if self.tiling:
+            lines.append(self.tiling.table())
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def __str__(self):
@@ -207,4 +237,6 @@ def _fmt_parts(parts) -> str:
 def _fmt_bytes(b, route) -> str:
     if route == "replicated":
         return "-"
+    if route == "tiled":
+        return "see tiling"  # the tiling plan counts its bytes over all tensors
     return "?" if b is None else f"{b:,.0f}"

@@ -221,8 +221,8 @@ def _gradients(v: VariableInfo) -> Tuple[GradientPlan, ...]:
 
 def _variable_plan(v: VariableInfo, config: Config, n: int,
                    sparse_route: Optional[str] = None) -> VariablePlan:
-    if v.role != "trained":
-        return VariablePlan(route="replicated", **_common(v))
+    if v.role != "trained":  # a slot's owner is named, so a tiling can split it alike
+        return VariablePlan(route="replicated", slot_of=v.slot_of, **_common(v))
     grads = _gradients(v)
     if v.kind == "sparse" and sparse_route == "allreduce":
         rows = v.shape[0]

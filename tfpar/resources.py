@@ -35,15 +35,21 @@ class Layout:
         return sum(h.slots or 0 for h in self.hosts)
 
     def host_of_rank(self, rank: int) -> int:
-        start = 0
-        for i, h in enumerate(self.hosts):
-            if rank < start + (h.slots or 0):
-                return i
-            start += h.slots or 0
-        raise IndexError(rank)
+        return host_of_rank([h.slots or 0 for h in self.hosts], rank)
 
     def __str__(self):
         return ",".join(f"{h.name}:{h.slots}" for h in self.hosts)
+
+
+def host_of_rank(slots: Sequence[int], rank: int) -> int:
+    """The host of `rank` when hosts run `slots[i]` workers each, ranks in host order (as
+    horovodrun assigns them)."""
+    start = 0
+    for i, n in enumerate(slots):
+        start += n
+        if rank < start:
+            return i
+    raise IndexError(rank)
 
 
 def parse_resources(resources) -> Optional[Layout]:

@@ -10,7 +10,8 @@ from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from tfpar import checkpoint, liveness, partition, runtime
+from tfpar import checkpoint, liveness, runtime
+from tfpar.partition import counts
 from tfpar.analysis import analyse
 from tfpar.config import Config
 from tfpar.errors import TfparError, summary
@@ -19,12 +20,11 @@ from tfpar.density import measure_links, measure_rows
 from tfpar.planner import (aggregation_measured, decide_aggregation, density_candidates,
                             make_plan, route_by_density)
 from tfpar.resources import parse_resources, reconcile
-from tfpar.shard import with_shard_values
+from tfpar.sharding import with_shard_values
 from tfpar.transform import surgery
-from tfpar.transform.allreduce import apply_allreduce
 from tfpar.transform.graph_copy import copy_graph, to_meta_graph
-from tfpar.transform.parameter_server import apply_parameter_server, worker_device
-from tfpar.transform.traffic import PATHS, Traffic, counters
+from tfpar.transform.rewrite import rewrite
+from tfpar.transform.traffic import PATHS, counters
 
 log = logging.getLogger("tfpar")
 _CALLS = 0  # get_runner calls of this process (each one a rendezvous of every rank)
@@ -98,34 +98,24 @@ def _measure(meta, analysis, config: Config, layout):
 def _partition_counts(meta, graph, analysis, config: Config, layout, density=None):
     """The config with the counts of `tfpar.partitioner` groups filled in (searched in this
     job if need be), and how they were decided (for the plan)."""
-    groups = partition.marked_groups(graph)
     first = make_plan(analysis, dataclasses.replace(config, partitions=None), layout,
                       density=density)
-    mode = first.mode
-    partition.check_groups(groups, analysis, mode)
-    # Groups that density routing sent to allreduce have no partition count to decide.
-    groups = {gid: dataclasses.replace(g, variables=on_ps) for gid, g in groups.items()
-              for on_ps in [tuple(n for n in g.variables if first.variable(n).route == "ps")]
-              if on_ps}
-    if not groups or mode not in ("HYBRID", "PS"):
-        return config, None
-    key = partition.cache_key(meta, analysis, layout, groups, mode)
-    step_ops = partition.training_step(graph, analysis)
     warmup, measured = config.search_steps
+    step_ops = []  # the training step's ops, found at the first trial
 
-    def run_trial(counts):
-        trial_config = dataclasses.replace(config, partitions={**_fixed(config), **counts})
+    def run_trial(trial_counts):
+        step_ops[:] = step_ops or counts.training_step(graph, analysis)
+        trial_config = dataclasses.replace(config, partitions={**_fixed(config), **trial_counts})
         trial = _start(meta, make_plan(analysis, trial_config, layout, density=density),
                        trial_config, layout, graph, trial=True)
         try:
-            return partition.timed_steps(trial, step_ops, config.search_feed, warmup, measured)
+            return counts.timed_steps(trial, step_ops, config.search_feed, warmup, measured)
         finally:
             trial.release()
 
-    decisions = partition.decide(groups, analysis, config, layout, key, run_trial)
-    counts = {n: d.partitions for d in decisions.values() for n in d.variables}
-    config = dataclasses.replace(config, partitions={**_fixed(config), **counts})
-    return config, {gid: d.to_dict() for gid, d in decisions.items()}
+    config, decisions, _ = counts.resolve_counts(graph, meta, analysis, config, layout, first,
+                                                 run_trial)
+    return config, decisions
 
 
 def _fixed(config: Config) -> dict:
@@ -147,14 +137,8 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
         from tfpar.cluster import get_cluster  # only PS jobs start servers
         cluster = get_cluster(layout, live, session_config, config.interface)
     try:
-        traffic = Traffic(rewritten, worker_device(rank) if cluster else "")
-        if cluster:
-            ps = apply_parameter_server(rewritten, plan, rank, traffic,
-                                        f"tfpar/r{cluster.next_generation()}")
-        apply_allreduce(rewritten, plan, traffic)
-        _count_steps(rewritten, plan, ps, traffic.build())
-        if cluster:
-            _pin_to_worker(rewritten, rank)
+        ps = rewrite(rewritten, plan, rank,
+                     f"tfpar/r{cluster.next_generation()}" if cluster else None).ps
         init = runtime.init_op(rewritten)
         broadcast = runtime.broadcast_op(rewritten)
         session = tf.compat.v1.Session(
@@ -186,25 +170,6 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
 
 def _reason(e: BaseException) -> str:
     return summary(e)
-
-
-def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation):
-    """Makes every training step also run the traffic counters' update."""
-    if ps is not None:
-        surgery.add_control_inputs(ps.step, [traffic_step])
-    for v in plan.variables:
-        if v.route in ("allreduce", "allgather"):
-            for g in v.gradients:
-                for name in g.ops:
-                    surgery.add_control_inputs(graph.get_operation_by_name(name), [traffic_step])
-
-
-def _pin_to_worker(graph: tf.Graph, rank: int):
-    """Ops placed on no job run on this worker (the PS ops were placed explicitly)."""
-    for op in graph.get_operations():
-        spec = tf.DeviceSpec.from_string(op.device or "")
-        if spec.job is None:
-            surgery.set_device(op, spec.replace(job="worker", task=rank).to_string())
 
 
 class Runner:

@@ -16,12 +16,11 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import models  # noqa: E402
+from tests import models  # noqa: E402
 import tfpar  # noqa: E402
 from tfpar import runtime  # noqa: E402
 

@@ -10,10 +10,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
-import models  # noqa: E402
+from tests import models  # noqa: E402
 import tfpar  # noqa: E402
 from tfpar import cluster, liveness  # noqa: E402
 

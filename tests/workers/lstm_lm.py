@@ -9,16 +9,13 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-TESTS = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-sys.path.insert(0, TESTS)
-sys.path.insert(0, os.path.join(os.path.dirname(TESTS), "examples"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import models  # noqa: E402
+from tests import models  # noqa: E402
 import tfpar  # noqa: E402
-import lstm_lm  # noqa: E402
+from examples import lstm_lm  # noqa: E402
 
 MODEL = dict(vocab=40, emb_dim=6, hidden=8, proj=5, num_steps=4, num_sampled=10, lr=0.5,
              clip=100.0, partitions=2, keep_prob=1.0, feed=True)

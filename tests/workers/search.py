@@ -9,11 +9,10 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import search_model  # noqa: E402
+from tests import search_model  # noqa: E402
 import tfpar  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()

@@ -8,7 +8,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import tfpar  # noqa: E402

@@ -9,11 +9,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import models  # noqa: E402
+from tests import models  # noqa: E402
 import tfpar  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()

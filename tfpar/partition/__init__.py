@@ -1,10 +1,11 @@
-"""Partitioning decisions: the partition-count search for sparse variables (Parallax), and
-later the tiling planner."""
-from tfpar.partition.partitioner import Group, marked_groups, partitioner
-from tfpar.partition.search import PartitionSearch, Sample, SearchResult
-from tfpar.partition.trials import (GroupDecision, cache_key, cache_path, check_groups, decide,
-                                    remembered, timed_steps, training_step)
+"""Partitioning decisions, two concepts in two sub-packages:
 
-__all__ = ["Group", "GroupDecision", "PartitionSearch", "Sample", "SearchResult", "cache_key",
-           "cache_path", "check_groups", "decide", "marked_groups", "partitioner", "remembered",
-           "timed_steps", "training_step"]
+- `tfpar.partition.counts`: how many row ranges a sparse variable on the parameter
+  servers gets (Parallax's partition-count search: `tfpar.partitioner` marks, timed
+  trials, the sampling-and-fit search).
+- `tfpar.partition.tiling`: how large dense layers are split across devices (SoyBean's
+  k-cut tilings, the exact and recursive planners, FlexFlow-style simulation).
+
+Importing this package imports nothing else, so the pure parts of either (the count
+search, the tiling model and planner) load without TensorFlow.
+"""

@@ -6,14 +6,15 @@ gradient exactly as single-device training on the concatenated batch would.
 """
 from __future__ import annotations
 
-import re
 from typing import Dict, Optional
 
 import tensorflow as tf
 
 from tfpar.plan import Plan
 from tfpar.transform import surgery
-from tfpar.transform.traffic import Traffic
+from tfpar.cost import allreduce_bytes
+from tfpar.transform.naming import safe_name
+from tfpar.transform.traffic import Traffic, nbytes
 
 
 def apply_allreduce(graph: tf.Graph, plan: Plan,
@@ -31,7 +32,7 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
     with graph.as_default():
         for v in plan.variables:
             for k, g in enumerate(v.gradients):
-                scope = f"tfpar/{v.route}/{_safe(v.name)}_{k}/"
+                scope = f"tfpar/{v.route}/{safe_name(v.name)}_{k}/"
                 with tf.compat.v1.name_scope(scope):
                     values = graph.get_tensor_by_name(g.values)
                     n = plan.num_workers
@@ -48,7 +49,7 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                         all_indices = hvd.allgather(indices, name="allgather_indices")
                         if traffic is not None:  # a ring passes on everyone else's rows
                             for mine, everyone in ((values, all_values), (indices, all_indices)):
-                                traffic.add("allgather", 2.0 * (_nbytes(everyone) - _nbytes(mine)))
+                                traffic.add("allgather", 2.0 * (nbytes(everyone) - nbytes(mine)))
                         if v.reduction == "average":
                             all_values = all_values / tf.cast(n, all_values.dtype)
                         combined = {values: all_values, indices: all_indices}
@@ -79,7 +80,7 @@ def _dense_sum_of_rows(values: tf.Tensor, indices: tf.Tensor, rows: int, average
     packed = tf.concat([summed, tf.maximum(touched, 0)[:, None]], axis=1, name="packed")
     total = hvd.allreduce(packed, op=hvd.Sum, name="allreduce_rows")
     if traffic is not None:
-        traffic.add("allreduce", _nbytes(packed) * (4.0 * (n - 1) / n))
+        traffic.add("allreduce", nbytes(packed) * allreduce_bytes(1.0, n))
     ids = tf.cast(tf.where(total[:, -1] > 0)[:, 0], indices.dtype)
     rows_values = tf.gather(total[:, :-1], ids)
     if average:
@@ -94,17 +95,5 @@ def allreduce(values: tf.Tensor, average: bool, n: int,
     import horovod.tensorflow as hvd
     out = hvd.allreduce(values, op=hvd.Average if average else hvd.Sum, name=name)
     if traffic is not None:
-        traffic.add("allreduce", _nbytes(values) * (4.0 * (n - 1) / n))
+        traffic.add("allreduce", nbytes(values) * allreduce_bytes(1.0, n))
     return out
-
-
-def _nbytes(t: tf.Tensor) -> tf.Tensor:
-    # A static size is a constant, so the step's counter update does not wait for the
-    # gradient (the updates wait for that counter update; see runner._count_steps).
-    if t.shape.is_fully_defined():
-        return tf.constant(float(t.shape.num_elements() * t.dtype.size), tf.float64)
-    return tf.cast(tf.size(t, out_type=tf.int64) * t.dtype.size, tf.float64)
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name)

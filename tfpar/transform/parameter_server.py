@@ -24,7 +24,6 @@ The accumulators drop gradients older than their step, so every worker counts it
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Dict, List, Optional
 
 import tensorflow as tf
@@ -33,7 +32,8 @@ from tfpar.analysis import FUNCTIONAL, WRITES
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
 from tfpar.transform import surgery
-from tfpar.transform.traffic import Traffic
+from tfpar.transform.naming import scope_name
+from tfpar.transform.traffic import Traffic, nbytes
 
 PS_VARIABLES = "tfpar_ps_variables"  # collection of the part variables (the chief initialises)
 _DEAD_CONSUMERS = ("VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitialized",
@@ -181,9 +181,9 @@ class _Rewriter:
             read after the training step), so the new read waits for them too."""
             if after or not whole:
                 with tf.device(self.worker), tf.control_dependencies(list(after)), \
-                        tf.compat.v1.name_scope(f"tfpar/{_safe(v.name)}/read/"):
+                        tf.compat.v1.name_scope(f"tfpar/{scope_name(v.name)}/read/"):
                     t = self._read_whole(v)
-                    t = self.traffic.counted("ps_pull", t, _nbytes(t))
+                    t = self.traffic.counted("ps_pull", t, nbytes(t))
                 if after:
                     return t
                 whole.append(t)
@@ -197,7 +197,7 @@ class _Rewriter:
             if (c in skip or c is initializer or c.type in _DEAD_CONSUMERS
                     or c.type in WRITES):
                 continue  # writes outside the update: the saver's restore (see checkpoint)
-            scope = f"tfpar/{_safe(v.name)}/{c.type}/"
+            scope = f"tfpar/{scope_name(v.name)}/{c.type}/"
             if c.type in ("ResourceGather",) + _GATHERS and c.inputs[0] is handle:
                 self._replace(c.outputs[0], self._gather(v, c, scope))
             elif c.type == "ReadVariableOp":
@@ -211,7 +211,7 @@ class _Rewriter:
                 for x in list(read.consumers()):
                     if x.type in _GATHERS and x.inputs[0] is read:
                         self._replace(x.outputs[0], self._gather(
-                            v, x, f"tfpar/{_safe(v.name)}/{x.type}/"))
+                            v, x, f"tfpar/{scope_name(v.name)}/{x.type}/"))
                     elif x.type == "Shape":
                         self._replace(x.outputs[0], shape_of(x))
                     else:
@@ -301,7 +301,7 @@ class _Rewriter:
             stitched = rows[0] if placed is None else tf.dynamic_stitch(placed, rows)
             # Counted when the lookup runs: the rows come back and the ids went out.
             stitched = self.traffic.counted("ps_pull", stitched,
-                                            _nbytes(stitched) + _nbytes(uniq))
+                                            nbytes(stitched) + nbytes(uniq))
             out = tf.gather(stitched, idx)
             out = tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], 0))
             out.set_shape(op.outputs[0].shape)
@@ -336,7 +336,7 @@ class _Rewriter:
 
     def _count_push(self, *tensors):
         for t in tensors:
-            self.traffic.add("ps_push", _nbytes(t))
+            self.traffic.add("ps_push", nbytes(t))
 
     # -- gradients -------------------------------------------------------------------------------
     def _prepare_gradients(self):
@@ -355,7 +355,7 @@ class _Rewriter:
                 key = (v.name, i)
                 raw = self.g.get_tensor_by_name(g.values)
                 final = self.g.get_tensor_by_name(g.final_values or g.values)
-                scope = f"tfpar/gradient/{_safe(v.name)}_{i}/"
+                scope = f"tfpar/gradient/{scope_name(v.name)}_{i}/"
                 if not self.plan.sync:
                     # Asynchronous: each worker applies what its own batch gives, unscaled
                     # and post-processed on its own (a dense one it holds whole).
@@ -438,7 +438,7 @@ class _Rewriter:
                 key = (v.name, i)
                 pieces = [None] * len(v.parts)
                 if key not in self.combined_first:
-                    name = _safe(v.name) + (f"/update_{i}" if i else "")
+                    name = scope_name(v.name) + (f"/update_{i}" if i else "")
                     with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
                         uniq, summed = sum_by_id(self.final_indices[key], self.final[key])
                         split, _ = self._split(v, uniq, summed)
@@ -473,7 +473,7 @@ class _Rewriter:
         values = self.final[key]
         indices = self.final_indices.get(key)
         sparse = indices is not None
-        name = _safe(v.name) + (f"/update_{i}" if i else "")
+        name = scope_name(v.name) + (f"/update_{i}" if i else "")
         with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
             if sparse:
                 uniq, summed = sum_by_id(indices, values)
@@ -517,7 +517,7 @@ class _Rewriter:
             # control_dependencies(None): the counter's initializer must not wait for a push.
             with tf.control_dependencies(None), tf.device(ps_device(v.parts[k].ps_task)):
                 self.pushes[key] = tf.compat.v1.Variable(
-                    tf.constant(0, tf.int64), name=f"{self.prefix}/pushes/{_safe(key)}",
+                    tf.constant(0, tf.int64), name=f"{self.prefix}/pushes/{scope_name(key)}",
                     trainable=False, use_resource=True, collections=[PS_VARIABLES])
         return self.pushes[key]
 
@@ -530,7 +530,7 @@ class _Rewriter:
         g = v.gradients[i]
         key = (v.name, i)
         device = ps_device(part.ps_task)
-        name = _safe(v.name) + (f"/update_{i}" if i else "")
+        name = scope_name(v.name) + (f"/update_{i}" if i else "")
         mapping = {}
         final = self.final[key]
         if taken is not None:
@@ -652,10 +652,6 @@ def sum_by_id(indices: tf.Tensor, values: tf.Tensor):
     return tf.gather(uniq, order), tf.gather(summed, order)
 
 
-def _nbytes(t: tf.Tensor) -> tf.Tensor:
-    return tf.size(t, out_type=tf.int64) * t.dtype.size
-
-
 def _part_shape(v: VariablePlan, part: PartPlan) -> List[int]:
     if part.stop is None:
         return list(v.shape)
@@ -702,6 +698,3 @@ def _token_queue(prefix: str, rank: int):
                               shared_name=f"{prefix}/token/worker_{rank}",
                               name="token_worker_%d" % rank)
 
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)

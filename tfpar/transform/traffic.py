@@ -55,6 +55,15 @@ class Traffic:
         return self._vars[path]
 
 
+def nbytes(t: tf.Tensor) -> tf.Tensor:
+    """Bytes of `t` as a float64 scalar. A static size is a constant, so a step's counter
+    update does not wait for the tensor (the updates wait for that counter update; see
+    tfpar.transform.rewrite)."""
+    if t.shape.is_fully_defined():
+        return tf.constant(float(t.shape.num_elements() * t.dtype.size), tf.float64)
+    return tf.cast(tf.size(t, out_type=tf.int64) * t.dtype.size, tf.float64)
+
+
 def counters(graph: tf.Graph) -> Dict[str, tf.Variable]:
     """{path or "steps": counter variable} of a graph that `Traffic.build` rewrote."""
     out = {}

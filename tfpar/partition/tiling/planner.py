@@ -6,14 +6,14 @@
   the tensors that a done and a pending op share) is min-plus variable elimination
   (`min_sum`), run vectorised. For one cut (`one_cut`, Equation 3) a layer chain costs
   linear time in depth.
-- SoyBean's recursion (Algorithm 1, `_k_cuts`): the best one cut, then recursively of the
+- SoyBean's recursion (Algorithm 1, `recursive_cuts`): the best one cut, then recursively of the
   tile graph, total c = delta_outer + m_outer * c_inner (Theorem 1, generalised to cuts
   into m parts). It is not always optimal (a 3-layer chain on 8 devices: 416 elements
   greedy, 352 joint), so `plan_tiling` solves jointly whenever the tables fit
   (`JOINT_BUDGET`, `JOINT_WORK`: 8 devices on layer chains), and beyond that keeps the
   cheaper of the recursion and a recursion over blocks of cuts each solved jointly.
 - `plan_tiling`: any device count, factored into cuts (6 = 2 x 3), every order tried.
-  With a hierarchy (hosts x devices), each cut's elements cost the time its links take
+  With a DeviceMesh (e.g. hosts x devices), each cut's elements cost the time its links take
   (1 / bandwidth), and every assignment of cuts to links is tried; Theorem 3's rule (the
   least traffic on the slowest links) is then a result, not an assumption.
 """
@@ -25,9 +25,10 @@ import json
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tfpar.errors import TfparError
-from tfpar.partition import min_sum
-from tfpar.partition.dataflow import CAUSES, Dataflow, MatMul, Op, Reduce
-from tfpar.partition.tiling import RED, Cut, Tiling, broadcast_cost, matmul_cost, reduce_cost
+from tfpar.mesh import DeviceMesh
+from tfpar.partition.tiling import min_sum
+from tfpar.partition.tiling.dataflow import CAUSES, Dataflow, MatMul, Op, Reduce
+from tfpar.partition.tiling.cuts import RED, Cut, Tiling, broadcast_cost, matmul_cost, reduce_cost
 
 
 def options(shape: Sequence[int], m: int) -> List[Optional[int]]:
@@ -94,7 +95,7 @@ def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf"),
           work: float = float("inf"), link_costs: Optional[Sequence[float]] = None
           ) -> Tuple[Dict[str, Tiling], float]:
     """The cheapest k-cut tilings over all cuts at once, exactly (min-plus variable
-    elimination over per-op cost tables; `tfpar.partition.min_sum`).
+    elimination over per-op cost tables; `tfpar.partition.tiling.min_sum`).
 
     Every matrix ranges over its whole k-cut tilings (up to 3^k), so for many cuts the
     tables outgrow `budget` and this raises `TooLarge`: `plan_tiling` then falls back to
@@ -113,7 +114,7 @@ def solve(df: Dataflow, order: Sequence[int], budget: float = float("inf"),
     sizes = {x: len(d) for x, d in domains.items()}
     scopes = [list(dict.fromkeys(op.operands)) for op in df.ops]
     elimination, _ = min_sum.elimination_order(sizes, scopes, budget, work)  # before tables
-    factors = [_cost_table(df, op, domains, order, link_costs) for op in df.ops]
+    factors = [cost_table(df, op, domains, order, link_costs) for op in df.ops]
     index, total = min_sum.minimise(sizes, factors, elimination)
     replicate = Tiling(tuple(Cut(None, m) for m in order))
     tilings = {x: domains[x][index[x]] if x in domains else replicate for x in df.matrices}
@@ -138,7 +139,7 @@ def _from(state, d, s, m: int):
     return np.where(d == state, 0.0, np.where(d == -1, s * (m - 1), s * (1 - 1 / m)))
 
 
-def _cost_table(df: Dataflow, op: Op, domains: Dict[str, List[Tiling]], order: Sequence[int],
+def cost_table(df: Dataflow, op: Op, domains: Dict[str, List[Tiling]], order: Sequence[int],
                 link_costs: Optional[Sequence[float]] = None):
     """op_k_cut_cost for every combination of its operands' tilings, as one array (times
     each cut's link cost)."""
@@ -217,17 +218,17 @@ class TilingPlan:
 
     devices: int
     cuts: Tuple[int, ...]  # parts per cut, outermost first
-    tilings: Dict[str, str]  # matrix -> k-cut tiling, e.g. "RC"
+    tilings: Dict[str, Tiling]  # matrix -> its k-cut tiling
     shapes: Dict[str, Tuple[int, ...]]
     kinds: Dict[str, str]
     bytes_by_cause: Dict[str, float]
     data_parallel_bytes: float
     model_parallel_bytes: float
     bytes_by_cut: Tuple[float, ...] = ()  # bytes crossing each cut's links, outermost first
-    hierarchy: Optional[Tuple[Tuple[int, float], ...]] = None  # (parts, link GB/s) per level
-    cut_bandwidths: Optional[Tuple[float, ...]] = None  # with a hierarchy: each cut's links
+    mesh: Optional[DeviceMesh] = None  # the devices planned for, if more than a count
+    cut_bandwidths: Optional[Tuple[float, ...]] = None  # with a mesh: each cut's links, GB/s
     search: str = ""  # how the tilings were found
-    # Time mode (a Machine was given): simulated step times, seconds.
+    # Time mode (simulated on the mesh): step times, seconds.
     step_time_s: Optional[float] = None
     data_parallel_time_s: Optional[float] = None
     model_parallel_time_s: Optional[float] = None
@@ -239,34 +240,46 @@ class TilingPlan:
         return sum(self.bytes_by_cause.values())
 
     @property
-    def placement(self) -> Dict[str, str]:
+    def placement(self) -> Dict[str, Tiling]:
         """Each weight's tiling; `tile` says which piece each device holds."""
         return {x: t for x, t in self.tilings.items() if self.kinds[x] == "weight"}
 
     def tile(self, name: str, device: int) -> Tuple[Tuple[int, int], ...]:
         """The [start, stop) ranges of tensor `name` that `device` (0..N-1) holds."""
-        return Tiling.parse(self.tilings[name]).tile_ranges(self.shapes[name], device)
+        return self.tilings[name].tile_ranges(self.shapes[name], device)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["tilings"] = {x: str(t) for x, t in self.tilings.items()}
+        d["mesh"] = self.mesh.to_dict() if self.mesh else None
+        return d
 
     def to_json(self, indent: Optional[int] = 2) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=indent)
+        return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_json(cls, text: str) -> "TilingPlan":
-        d = json.loads(text)
+    def from_dict(cls, d: dict) -> "TilingPlan":
+        d = dict(d)
         d["cuts"] = tuple(d["cuts"])
+        d["tilings"] = {x: Tiling.parse(t) for x, t in d["tilings"].items()}
         d["shapes"] = {k: tuple(v) for k, v in d["shapes"].items()}
-        if d.get("hierarchy"):
-            d["hierarchy"] = tuple(tuple(h) for h in d["hierarchy"])
+        if d.get("mesh"):
+            d["mesh"] = DeviceMesh.from_dict(d["mesh"])
         for key in ("bytes_by_cut", "cut_bandwidths"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
         return cls(**d)
 
+    @classmethod
+    def from_json(cls, text: str) -> "TilingPlan":
+        return cls.from_dict(json.loads(text))
+
     def table(self) -> str:
-        from tfpar.analysis import format_table
+        from tfpar.table import format_table
         rows = [("tensor", "kind", "shape", "tiling")]
         for x in sorted(self.tilings, key=lambda n: (self.kinds[n] != "weight", n)):
-            rows.append((x, self.kinds[x], "x".join(map(str, self.shapes[x])), self.tilings[x]))
+            rows.append((x, self.kinds[x], "x".join(map(str, self.shapes[x])),
+                         str(self.tilings[x])))
         mb = 1e6
         lines = [f"tfpar tiling plan: {self.devices} devices as cuts "
                  f"{' x '.join(map(str, self.cuts)) or '-'} (outermost first); search: "
@@ -303,44 +316,42 @@ DATA_PARALLEL = {"weight": None, "input": 0, "activation": 0, "gradient": 0}
 MODEL_PARALLEL = {"weight": 0, "input": None, "activation": 1, "gradient": None}
 
 
-def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[int, float]]]
-                = None, itemsize: int = 4, machine=None, iterations: int = 2000,
-                exact_limits: Tuple[float, float] = None) -> TilingPlan:
-    """The least-communication k-cut tiling of `df` on `devices` devices.
+def plan_tiling(df: Dataflow, devices, itemsize: int = 4, time: bool = False,
+                iterations: int = 2000, exact_limits: Tuple[float, float] = None
+                ) -> TilingPlan:
+    """The least-communication k-cut tiling of `df` on `devices`.
 
-    hierarchy: optional ((parts, link GB/s), ...), e.g. ((2, 1.25), (8, 25.0)) for 2 hosts
-    of 8 devices; its product must be `devices`. Each level is cut in prime cuts, each
-    cut's traffic weighted by 1 / its links' bandwidth, and every assignment of cuts to
-    levels is tried: the plan minimises transfer time (`cut_bandwidths` says which cut
-    went on which links).
-    machine: a `tfpar.partition.simulate.Machine` turns on time mode: the step time is
-    simulated (compute estimates, alpha-beta links) and an MCMC search seeded with data
-    parallelism and the communication-optimal plan minimises it.
+    devices: a count (every cut costs its elements: the plan minimises bytes moved) or a
+    `tfpar.mesh.DeviceMesh`, e.g. 2 hosts of 4 devices. With a mesh each level is cut in
+    prime cuts, each cut's traffic weighted by 1 / its links' bandwidth, and every
+    assignment of cuts to levels is tried: the plan minimises transfer time
+    (`cut_bandwidths` says which cut went on which links).
+    time: simulate the step time on the mesh (compute at its flops, alpha-beta links) and
+    minimise it by an MCMC search seeded with data parallelism and the
+    communication-optimal plan (FlexFlow); needs a mesh.
     exact_limits: (largest table, all tables) in entries that the exact joint search may
     form; default (JOINT_BUDGET, JOINT_WORK), under a second. `EXACT_LIMITS` (about 1 GB
     and a minute at most) makes e.g. 16 devices on SoyBean's MLP exact.
     """
     limits = exact_limits or (JOINT_BUDGET, JOINT_WORK)
+    mesh = devices if isinstance(devices, DeviceMesh) else None
+    if mesh is not None:
+        devices = mesh.devices
+    elif time:
+        raise TfparError("time mode simulates the step on a DeviceMesh: pass one as `devices`")
     if not isinstance(devices, int) or devices < 1:
         raise TfparError(f"the number of devices must be a positive int, got {devices!r}")
     if not df.matmuls:
         raise TfparError("the graph has no matmuls: there is nothing for the tiling planner "
                          "to split")
-    if hierarchy:
-        prod = 1
-        for parts, _ in hierarchy:
-            prod *= parts
-        if prod != devices:
-            raise TfparError(f"the hierarchy {list(hierarchy)} has {prod} devices, not {devices}")
-        if any(not bw > 0 for _, bw in hierarchy):
-            raise TfparError(f"the hierarchy {list(hierarchy)} needs positive link bandwidths")
+    if mesh is not None:
         # Each prime cut of each level, with the time an element takes on that level's
         # links relative to the fastest. Which cut crosses which links is a choice (a
         # cut's groups can be the hosts or not), so every order is tried; the search
         # then minimises transfer time, and Theorem 3's rule (the cut with the least
         # traffic on the slowest links) comes out of it rather than being imposed.
-        fastest = max(bw for _, bw in hierarchy)
-        cuts = [(p, fastest / bw) for parts, bw in hierarchy for p in factorizations(parts)[0]]
+        fastest = max(lv.bandwidth for lv in mesh.levels)
+        cuts = [(c.parts, fastest / c.bandwidth) for c in mesh.prime_cuts()]
         arrangements = sorted(set(itertools.permutations(cuts)))
     else:
         arrangements = [tuple((p, 1.0) for p in order) for order in factorizations(devices)]
@@ -354,23 +365,22 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
     best = None
     for arrangement in arrangements:
         order = tuple(p for p, _ in arrangement)
-        links = tuple(c for _, c in arrangement) if hierarchy else None
+        links = tuple(c for _, c in arrangement) if mesh is not None else None
         found = _search(df, order, links, limits)
         if best is None or found[1] < best[1]:
             best = (*found, order, links)
     tilings, _, search, order, links = best
     times = {}
-    if machine is not None:
-        from tfpar.partition.simulate import Simulator, mcmc
-        if machine.devices != devices:
-            raise TfparError(f"the machine has {machine.devices} devices, not {devices}")
-        order = tuple(p for p, _, _ in machine.cuts)
-        links = tuple(bw for _, bw, _ in machine.cuts)
+    if time:
+        from tfpar.partition.tiling.simulate import Simulator, mcmc
+        prime = mesh.prime_cuts()
+        order = tuple(c.parts for c in prime)
+        fastest = max(c.bandwidth for c in prime) if prime else 1.0
+        links = tuple(fastest / c.bandwidth for c in prime)
         dp, mp = canonical(df, DATA_PARALLEL, order), canonical(df, MODEL_PARALLEL, order)
-        fastest = max(bw for _, bw, _ in machine.cuts)
-        tilings, _, _ = _search(df, order, [fastest / bw for _, bw, _ in machine.cuts], limits)
-        tilings, step = mcmc(df, machine, [dp, tilings], iterations)
-        sim = Simulator(df, machine, itemsize)
+        tilings, _, _ = _search(df, order, links, limits)
+        tilings, step = mcmc(df, mesh, [dp, tilings], iterations)
+        sim = Simulator(df, mesh, itemsize)
         sim.simulate(tilings)
         busy = sim.busy_by_cause()
         times = dict(step_time_s=step, time_by_cause=busy,
@@ -378,17 +388,16 @@ def plan_tiling(df: Dataflow, devices: int, hierarchy: Optional[Sequence[Tuple[i
                      model_parallel_time_s=sim.simulate(mp))
         search = f"time mode: MCMC ({iterations} steps) from data parallel and the DP plan"
     return TilingPlan(
-        devices=devices, cuts=tuple(order), tilings={x: str(t) for x, t in tilings.items()},
+        devices=devices, cuts=tuple(order), tilings=dict(tilings),
         shapes={x: m.shape for x, m in df.matrices.items()},
         kinds={x: m.kind for x, m in df.matrices.items()},
         bytes_by_cause=cost_of(df, tilings, itemsize) if order else {c: 0.0 for c in CAUSES},
         data_parallel_bytes=_total(df, canonical(df, DATA_PARALLEL, order), itemsize),
         model_parallel_bytes=_total(df, canonical(df, MODEL_PARALLEL, order), itemsize),
         bytes_by_cut=tuple(bytes_by_cut(df, tilings, itemsize)) if order else (),
-        hierarchy=tuple(tuple(h) for h in hierarchy) if hierarchy else None,
-        cut_bandwidths=(tuple(bw / 1e9 for bw in links) if machine is not None else
-                        tuple(max(bw for _, bw in hierarchy) / c for c in links)
-                        if hierarchy else None),
+        mesh=mesh,
+        cut_bandwidths=(tuple(fastest / 1e9 / c for c in links) if mesh is not None
+                        else None),
         search=search, **times)
 
 
@@ -430,16 +439,16 @@ def _search(df: Dataflow, order: Sequence[int], link_costs: Optional[Sequence[fl
         return (*solve(df, order, *limits, link_costs), EXACT)
     except min_sum.TooLarge:
         pass
-    tilings, total, _ = _k_cuts(df, order, False, link_costs, limits)
+    tilings, total, _ = recursive_cuts(df, order, False, link_costs, limits)
     found = (tilings, total, RECURSION)
-    tilings, total, blocks = _k_cuts(df, order, True, link_costs, limits)
+    tilings, total, blocks = recursive_cuts(df, order, True, link_costs, limits)
     if max(blocks) > 1 and total < found[1]:
         found = (tilings, total, "recursion over blocks of cuts, each block exact ("
                  + " + ".join(map(str, blocks)) + " cuts)")
     return found
 
 
-def _k_cuts(df: Dataflow, order: Sequence[int], joint: bool = False,
+def recursive_cuts(df: Dataflow, order: Sequence[int], joint: bool = False,
             link_costs: Optional[Sequence[float]] = None,
             limits: Tuple[float, float] = (JOINT_BUDGET, JOINT_WORK)
             ) -> Tuple[Dict[str, Tiling], float, List[int]]:

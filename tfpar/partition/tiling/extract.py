@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tfpar.analysis import DEFAULT_GRADIENT_SCOPE
 from tfpar.errors import TfparError
-from tfpar.partition.dataflow import Dataflow
+from tfpar.partition.tiling.dataflow import Dataflow
 
 ELEMENTWISE = frozenset({
     "Identity", "ReadVariableOp", "Add", "AddV2", "BiasAdd", "Sub", "Mul", "RealDiv",

@@ -3,7 +3,7 @@
 For each `tfpar.partitioner` group whose count the config does not fix, every worker
 builds a trial runner with the proposed count, runs a few training steps (the first ones
 not timed), and the mean step time over workers decides the next count
-(tfpar.partition.search). Each trial has its own graph copy, session and parameter-server
+(tfpar.partition.counts.search). Each trial has its own graph copy, session and parameter-server
 state, so nothing it trains reaches the runner the user gets: that one starts from the
 same initial values as without a search. The result is remembered in a small JSON file
 keyed by the graph's structure, the variable shapes and the layout.
@@ -22,8 +22,8 @@ import tensorflow as tf
 
 from tfpar import runtime
 from tfpar.errors import TfparError
-from tfpar.partition.partitioner import Group
-from tfpar.partition.search import PartitionSearch, SearchResult
+from tfpar.partition.counts.partitioner import Group, marked_groups
+from tfpar.partition.counts.search import PartitionSearch, SearchResult
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tfpar", "partitions")
 _TRIAL_STEP_TIMEOUT_MS = 120_000
@@ -118,6 +118,43 @@ def decide(groups: Dict[str, Group], analysis, config, layout, key: str,
     if any(d.source == "searched" for d in decisions.values()):
         _store(config, key, decisions)
     return decisions
+
+
+def resolve_counts(graph, meta, analysis, config, layout, plan,
+                   run_trial: Optional[Callable[[Dict[str, int]], Optional[float]]] = None,
+                   forget: bool = False) -> Tuple[object, Optional[dict], List[str]]:
+    """The partition counts of the graph's `tfpar.partitioner` groups, as the job uses them.
+
+    plan: the plan made without counts (its mode and routes say which marked variables are
+    on the parameter servers). run_trial: runs one timed trial (see `decide`); None (the
+    CLI) takes only a remembered search. Returns the config with the counts filled in,
+    {group: decision as a dict} (None when nothing was decided) and notes for the user.
+    """
+    groups = marked_groups(graph)
+    check_groups(groups, analysis, plan.mode)
+    # Groups that density routing sent to allreduce have no partition count to decide.
+    groups = {gid: dataclasses.replace(g, variables=on_ps) for gid, g in groups.items()
+              for on_ps in [tuple(n for n in g.variables if plan.variable(n).route == "ps")]
+              if on_ps}
+    if not groups or plan.mode not in ("HYBRID", "PS"):
+        return config, None, []
+    key = cache_key(meta, analysis, layout, groups, plan.mode)
+    notes = []
+    if forget and os.path.exists(cache_path(config, key)):
+        os.remove(cache_path(config, key))
+        notes.append("forgot the remembered partition search")
+    if run_trial is not None:
+        decisions = decide(groups, analysis, config, layout, key, run_trial)
+    else:
+        decisions = remembered(config, key, groups)
+        if not decisions:
+            return config, None, notes + [
+                "the partition count of the tfpar.partitioner variables is searched when the "
+                "job starts (none remembered for this graph and layout)"]
+    counts = {n: d.partitions for d in decisions.values() for n in d.variables}
+    fixed = dict(config.partitions) if isinstance(config.partitions, dict) else {}
+    config = dataclasses.replace(config, partitions={**fixed, **counts})
+    return config, {gid: d.to_dict() for gid, d in decisions.items()}, notes
 
 
 def timed_steps(runner, fetches, feed: Optional[Callable[[int], dict]], warmup: int,

@@ -94,7 +94,9 @@ class Tiling:
 
     @classmethod
     def parse(cls, text: str) -> "Tiling":
-        """"RC", "rR", "C3R" (a 3-way column cut, then a 2-way row cut)."""
+        """"RC", "rR", "C3R" (a 3-way column cut, then a 2-way row cut); "-" (no cut)."""
+        if text == "-":
+            return cls()
         cuts, i = [], 0
         while i < len(text):
             ch = text[i]

@@ -18,36 +18,23 @@ more iterations.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tfpar.partition.dataflow import CAUSES, Dataflow
-from tfpar.partition.tiling import Tiling
-from tfpar.partition.tiling_planner import op_cut_costs, tilings_of
-
-
-@dataclasses.dataclass(frozen=True)
-class Machine:
-    """flops per device per second; per cut (outermost first): (parts, bandwidth B/s, alpha s)."""
-
-    flops: float = 1e12
-    cuts: Tuple[Tuple[int, float, float], ...] = ((2, 10e9, 5e-6),)
-
-    @property
-    def devices(self) -> int:
-        n = 1
-        for parts, _, _ in self.cuts:
-            n *= parts
-        return n
+from tfpar.mesh import DeviceMesh
+from tfpar.partition.tiling.dataflow import CAUSES, Dataflow
+from tfpar.partition.tiling.cuts import Tiling
+from tfpar.partition.tiling.planner import op_cut_costs, tilings_of
 
 
 class Simulator:
-    """Step time of a strategy on a machine, with delta updates."""
+    """Step time of a strategy on a device mesh (its prime cuts are the tilings' cuts, its
+    flops each device's speed), with delta updates."""
 
-    def __init__(self, df: Dataflow, machine: Machine, itemsize: int = 4):
-        self.df, self.machine, self.itemsize = df, machine, itemsize
+    def __init__(self, df: Dataflow, mesh: DeviceMesh, itemsize: int = 4):
+        self.df, self.mesh, self.itemsize = df, mesh, itemsize
+        self.cuts = mesh.prime_cuts()
         self.order = _topological(df)
         self.users: Dict[str, List[int]] = {}
         for pos, i in enumerate(self.order):
@@ -70,11 +57,12 @@ class Simulator:
         op = self.df.ops[self.order[pos]]
         moved_by_cut = op_cut_costs(self.df, op, {x: strategy[x] for x in op.operands})
         comm = 0.0
-        for moved, (parts, bandwidth, alpha) in zip(moved_by_cut, self.machine.cuts):
+        devices = self.mesh.devices
+        for moved, cut in zip(moved_by_cut, self.cuts):
             if moved:
-                per_device = moved * self.itemsize / self.machine.devices
-                comm += alpha * (parts - 1) + per_device / bandwidth
-        return comm, self.df.flops(op) / self.machine.devices / self.machine.flops
+                per_device = moved * self.itemsize / devices
+                comm += cut.latency * (cut.parts - 1) + per_device / cut.bandwidth
+        return comm, self.df.flops(op) / devices / self.mesh.flops
 
     # -- simulation ----------------------------------------------------------------------------
     def simulate(self, strategy: Dict[str, Tiling]) -> float:
@@ -124,15 +112,15 @@ class Simulator:
         return max((f[1] for f in self._finish), default=0.0)
 
 
-def mcmc(df: Dataflow, machine: Machine, seeds: Sequence[Dict[str, Tiling]],
+def mcmc(df: Dataflow, mesh: DeviceMesh, seeds: Sequence[Dict[str, Tiling]],
          iterations: int = 2000, beta: Optional[float] = None, seed: int = 0
          ) -> Tuple[Dict[str, Tiling], float]:
     """Metropolis-Hastings over strategies from each seed; the best strategy seen."""
-    parts = [p for p, _, _ in machine.cuts]
+    parts = [c.parts for c in mesh.prime_cuts()]
     names = sorted({x for op in df.ops for x in op.operands})
     choices = {x: tilings_of(df.matrices[x].shape, parts) for x in names}
     rng = random.Random(seed)
-    sim = Simulator(df, machine)
+    sim = Simulator(df, mesh)
     best, best_time = None, math.inf
     for start in seeds:
         current = sim.simulate({**{x: choices[x][-1] for x in df.matrices}, **start})

@@ -1,0 +1,36 @@
+"""The `horovodrun` command line of a job, locally or on an emulated cluster's hosts.
+
+One place builds it, for the tests and the benchmarks alike: Gloo, one slot a worker,
+the running interpreter on every host, and an environment in which `repo` (a checkout's
+root, for its `tests` and `examples` packages) is importable.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def horovodrun_command(np_: int, argv: Sequence[str], hosts: Optional[str] = None,
+                       cluster=None, repo: Optional[str] = None,
+                       env: Optional[Dict[str, str]] = None, log_level: str = "2"
+                       ) -> Tuple[List[str], Dict[str, str]]:
+    """(command, environment) that runs `python argv...` as `np_` workers.
+
+    hosts: horovodrun's -H (default all on this host); cluster: a
+    `tfpar.emulate.EmulatedCluster` whose first host runs the command, as a user logged
+    in there would type it (Horovod reaches the others by ssh, in the same folder and
+    environment); env: variables added to the environment.
+    """
+    cmd = [HOROVODRUN, "--gloo", "-np", str(np_), "-H", hosts or f"localhost:{np_}",
+           sys.executable, *argv]
+    if cluster is not None:
+        # Horovod caches which hosts it checked; emulated clusters reuse names and addresses.
+        cmd = cluster.command(cmd[:2] + ["--disable-cache"] + cmd[2:])
+    full = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=log_level, PYTHONUNBUFFERED="1")
+    if repo is not None:
+        full["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
+    full.update(env or {})
+    return cmd, full

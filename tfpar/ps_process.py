@@ -1,0 +1,107 @@
+"""One host's parameter-server process, as the worker that spawned it sees it.
+
+The host's first worker starts `python -m tfpar.ps_server` (job `ps`, task = host index),
+which dies with it. The job's liveness links watch the PS like a worker: the parent pings
+it, and names it when it dies or stops answering.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from tfpar.errors import TfparError
+from tfpar.liveness import Liveness
+
+START_TIMEOUT_S = 120
+
+
+class PsProcess:
+    """A PS child process: started at construction, watched by `watch`, ended by `stop`."""
+
+    def __init__(self, cluster: dict, task: int, liveness: Liveness, description: str):
+        self.task, self.liveness, self.description = task, liveness, description
+        self._unresponsive = False
+        spec = json.dumps({"cluster": cluster, "task": task})
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL=os.environ.get(
+            "TF_CPP_MIN_LOG_LEVEL", "2"))
+        # Not a Horovod process: drop the launcher's variables so nothing mistakes it for one.
+        for k in list(env):
+            if k.startswith(("HOROVOD_", "OMPI_", "PMI_")):
+                env.pop(k)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tfpar.ps_server", spec],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        threading.Thread(target=self._report_death, daemon=True, name="tfpar-ps-watch").start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, port: int, host: str):
+        """Returns when the PS listens on `port` (or has died: its watcher reports that)."""
+        deadline = time.time() + START_TIMEOUT_S
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                return
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise TfparError(f"the parameter server of host {host} did not start within "
+                         f"{START_TIMEOUT_S} s")
+
+    def watch(self):
+        """Adds the PS to the job's liveness links, kept alive by heartbeats."""
+        key = f"ps {self.task}"
+        self.liveness.watch(key, f"{self.description} (pid {self.pid})", self._kill_unresponsive)
+        threading.Thread(target=self._heartbeats, daemon=True,
+                         name="tfpar-ps-heartbeat").start()
+
+    def stop(self):
+        proc = self.proc
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _report_death(self):
+        proc = self.proc
+        err = proc.stderr.read() if proc.stderr else ""
+        code = proc.wait()
+        if self.liveness.closing or self.liveness.dying or self._unresponsive:
+            return
+        tail = " ".join(err.strip().splitlines()[-3:])
+        self.liveness.fail(f"{self.description} (pid {proc.pid}) died with exit code {code}"
+                           + (f": {tail}" if tail else ""))
+
+    def _heartbeats(self):
+        """PING the PS; its PONGs (read by a second thread) mark it alive."""
+        proc, key = self.proc, f"ps {self.task}"
+
+        def read():
+            for line in proc.stdout:
+                if line.strip() == "PONG":
+                    self.liveness.beat(key)
+
+        threading.Thread(target=read, daemon=True, name="tfpar-ps-pong").start()
+        while proc.poll() is None and not self.liveness.closing:
+            try:
+                proc.stdin.write("PING\n")
+                proc.stdin.flush()
+            except (OSError, ValueError):
+                return  # it died: the watcher reports that
+            time.sleep(self.liveness.interval())
+
+    def _kill_unresponsive(self):
+        self._unresponsive = True  # its watcher must not report a death
+        self.proc.kill()  # a stopped process ignores SIGTERM until continued

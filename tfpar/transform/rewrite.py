@@ -1,0 +1,69 @@
+"""`rewrite`: every graph edit a plan asks of one worker's copy of the training graph.
+
+The runner calls this once per session it starts; the transforms it chains (parameter
+servers, then allreduce and allgather, then the traffic counters and device pinning)
+decide nothing: what they do is in the plan.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import tensorflow as tf
+
+from tfpar.errors import NotYetSupportedError
+from tfpar.plan import Plan
+from tfpar.transform import surgery
+from tfpar.transform.allreduce import apply_allreduce
+from tfpar.transform.parameter_server import PsRewrite, apply_parameter_server, worker_device
+from tfpar.transform.traffic import Traffic
+
+
+@dataclasses.dataclass
+class Rewritten:
+    """What the rewrite added that the runner drives: the PS side (None without servers)."""
+
+    ps: Optional[PsRewrite]
+
+
+def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = None
+            ) -> Rewritten:
+    """Rewrites `graph` in place for worker `rank` of `plan`.
+
+    ps_prefix: names the state on the parameter servers, given when the job has them
+    (runners of one job that follow each other use different ones); ops are then pinned
+    to this worker's task of the cluster.
+    """
+    tiled = [v.name for v in plan.variables if v.route == "tiled"]
+    if tiled:
+        raise NotYetSupportedError(
+            f"the plan splits {tiled} over devices (route 'tiled'): executing tiling plans "
+            "is not supported yet; plan them with `tfpar plan --tiling`, and train with "
+            "the data-parallel routes")
+    distributed = ps_prefix is not None
+    traffic = Traffic(graph, worker_device(rank) if distributed else "")
+    ps = apply_parameter_server(graph, plan, rank, traffic, ps_prefix) if distributed else None
+    apply_allreduce(graph, plan, traffic)
+    _count_steps(graph, plan, ps, traffic.build())
+    if distributed:
+        _pin_to_worker(graph, rank)
+    return Rewritten(ps)
+
+
+def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation):
+    """Makes every training step also run the traffic counters' update."""
+    if ps is not None:
+        surgery.add_control_inputs(ps.step, [traffic_step])
+    for v in plan.variables:
+        if v.route in ("allreduce", "allgather"):
+            for g in v.gradients:
+                for name in g.ops:
+                    surgery.add_control_inputs(graph.get_operation_by_name(name), [traffic_step])
+
+
+def _pin_to_worker(graph: tf.Graph, rank: int):
+    """Ops placed on no job run on this worker (the PS ops were placed explicitly)."""
+    for op in graph.get_operations():
+        spec = tf.DeviceSpec.from_string(op.device or "")
+        if spec.job is None:
+            surgery.set_device(op, spec.replace(job="worker", task=rank).to_string())
