@@ -45,6 +45,16 @@ def run_scenarios(out_dir, n, scenarios, hosts=None, timeout=600, cluster=None):
     return out_dir
 
 
+def job_results(name, folder, n, scenarios, hosts=None):
+    """A module-scoped fixture `name`: the scenarios run once as one job of n workers."""
+    import pytest
+
+    @pytest.fixture(scope="module", name=name)
+    def results(tmp_path_factory):
+        return run_scenarios(tmp_path_factory.mktemp(folder), n, scenarios, hosts=hosts)
+    return results
+
+
 def processes_running(marker: str):
     """Processes whose command line mentions `marker` (to prove nothing was left behind)."""
     found = []

@@ -119,6 +119,20 @@ def worker_session_config():
     return tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
 
 
+def worker_scenarios(path):
+    """Per scenario of a worker's JSON file: (scenario, graph, handles, session config).
+    Each worker builds its graph with its own initial values: the runner must broadcast
+    worker 0's."""
+    import json
+    import os
+    with open(path) as f:
+        scenarios = json.load(f)
+    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    for sc in scenarios:
+        graph, h = build(init_seed=100 + rank, **sc["model"])
+        yield sc, graph, h, worker_session_config()
+
+
 def batches(steps, global_batch, seed=0, vocab=None):
     """Deterministic data: per step (x, y, ids) for the whole (concatenated) batch.
 

@@ -57,3 +57,9 @@ def check(out_dir, scenario, n):
         assert len(single_device.norms) == scenario["steps"]
         assert min(single_device.norms) > clip, single_device.norms
     return ranks
+
+
+def each_scenario(scenarios):
+    """Parametrizes a test over `scenarios`, each named by its "name"."""
+    import pytest
+    return pytest.mark.parametrize("scenario", scenarios, ids=[s["name"] for s in scenarios])

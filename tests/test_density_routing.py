@@ -15,8 +15,8 @@ import os
 import pytest
 
 from tests import models
-from tests.launch import REPO, horovodrun, run_scenarios
-from tests.reference import check
+from tests.launch import REPO, horovodrun, job_results
+from tests.reference import check, each_scenario
 
 import tfpar
 from tfpar import routing
@@ -157,15 +157,9 @@ SCENARIOS_4 = [
                                                      "shared": "allreduce"}}),
 ]
 
+results2 = job_results("results2", "density2", 2, SCENARIOS_2)
 
-@pytest.fixture(scope="module")
-def results2(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("density2"), 2, SCENARIOS_2)
-
-
-@pytest.fixture(scope="module")
-def results4(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("density4"), 4, SCENARIOS_4, hosts=TWO_HOSTS)
+results4 = job_results("results4", "density4", 4, SCENARIOS_4, TWO_HOSTS)
 
 
 def _check_routes(ranks, scenario):
@@ -195,12 +189,12 @@ def _check_routes(ranks, scenario):
     assert comm["allreduce"] > 0
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS_2, ids=[s["name"] for s in SCENARIOS_2])
+@each_scenario(SCENARIOS_2)
 def test_two_workers_equal_single_device(results2, scenario):
     _check_routes(check(results2, scenario, 2), scenario)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS_4, ids=[s["name"] for s in SCENARIOS_4])
+@each_scenario(SCENARIOS_4)
 def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
     _check_routes(check(results4, scenario, 4), scenario)
 

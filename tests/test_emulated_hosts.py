@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from tests.launch import processes_running, run_scenarios
-from tests.reference import check
+from tests.reference import check, each_scenario
 from tests.test_faults import LIVENESS_TIMEOUT, listening, signal_job
 from tests.test_parameter_server import SCENARIOS_4, check_routes
 from tfpar.emulate import EmulatedCluster
@@ -46,7 +46,7 @@ def results(cluster, tmp_path_factory):
     return out, {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in after}
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
+@each_scenario(SCENARIOS)
 def test_two_emulated_hosts_equal_single_device(results, scenario):
     out, _ = results
     ranks = check(out, scenario, 4)

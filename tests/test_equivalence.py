@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.launch import run_scenarios
-from tests.reference import ATOL, RTOL, check, single_device
+from tests.launch import job_results
+from tests.reference import ATOL, RTOL, check, each_scenario, single_device
 
 pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
@@ -51,18 +51,12 @@ SCENARIOS_3 = [
     sc("sparse_adam_allgather", {"optimizer": "adam", "sparse": True}, {"run_mode": "AR"}),
 ]
 
+results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2)
 
-@pytest.fixture(scope="module")
-def results2(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("equivalence2"), 2, SCENARIOS_2)
-
-
-@pytest.fixture(scope="module")
-def results3(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("equivalence3"), 3, SCENARIOS_3)
+results3 = job_results("results3", "equivalence3", 3, SCENARIOS_3)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS_2, ids=[s["name"] for s in SCENARIOS_2])
+@each_scenario(SCENARIOS_2)
 def test_two_workers_equal_single_device(results2, scenario):
     ranks = check(results2, scenario, 2)
     plan = json.loads(str(ranks[0]["plan"]))
@@ -72,7 +66,7 @@ def test_two_workers_equal_single_device(results2, scenario):
         assert routes["emb"] == "allgather"
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS_3, ids=[s["name"] for s in SCENARIOS_3])
+@each_scenario(SCENARIOS_3)
 def test_three_workers_equal_single_device(results3, scenario):
     check(results3, scenario, 3)
 

@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 from tests import models
-from tests.launch import run_scenarios
-from tests.reference import check
+from tests.launch import job_results
+from tests.reference import check, each_scenario
 
 import tfpar
 from tfpar import routing
@@ -141,13 +141,10 @@ SCENARIOS = [
      "vocab": models.PS_VOCAB, "feed_trials": True},
 ]
 
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("aggregation"), 4, SCENARIOS, hosts=TWO_HOSTS)
+results = job_results("results", "aggregation", 4, SCENARIOS, TWO_HOSTS)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
+@each_scenario(SCENARIOS)
 def test_measured_in_the_job_and_equal_to_single_device(results, scenario):
     ranks = check(results, scenario, 4)
     plan = json.loads(str(ranks[0]["plan"]))

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from tests import models
-from tests.launch import run_scenarios
-from tests.reference import check
+from tests.launch import job_results
+from tests.reference import check, each_scenario
 
 pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
@@ -52,15 +52,9 @@ SCENARIOS_4 = [
        {"run_mode": "PS", "local_aggregation": False}),
 ]
 
+results2 = job_results("results2", "ps2", 2, SCENARIOS_2)
 
-@pytest.fixture(scope="module")
-def results2(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("ps2"), 2, SCENARIOS_2)
-
-
-@pytest.fixture(scope="module")
-def results4(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("ps4"), 4, SCENARIOS_4, hosts=TWO_HOSTS)
+results4 = job_results("results4", "ps4", 4, SCENARIOS_4, TWO_HOSTS)
 
 
 def _plan(ranks):
@@ -88,13 +82,13 @@ def check_routes(ranks, scenario):
         assert slots, "the optimizer's slots of a PS variable are on the PS with it"
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS_2, ids=[s["name"] for s in SCENARIOS_2])
+@each_scenario(SCENARIOS_2)
 def test_two_workers_equal_single_device(results2, scenario):
     ranks = check(results2, scenario, 2)
     check_routes(ranks, scenario)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS_4, ids=[s["name"] for s in SCENARIOS_4])
+@each_scenario(SCENARIOS_4)
 def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
     ranks = check(results4, scenario, 4)
     check_routes(ranks, scenario)

@@ -20,8 +20,8 @@ import json
 import pytest
 
 from tests import models
-from tests.launch import run_scenarios
-from tests.reference import check
+from tests.launch import job_results
+from tests.reference import check, each_scenario
 
 pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
@@ -61,15 +61,9 @@ SCENARIOS_4 = [
     sc("ps_adagrad_seq2seq_clip_all", "adagrad", {"run_mode": "PS"}, decoder=True, clip=CLIP),
 ]
 
+results2 = job_results("results2", "post2", 2, SCENARIOS_2)
 
-@pytest.fixture(scope="module")
-def results2(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("post2"), 2, SCENARIOS_2)
-
-
-@pytest.fixture(scope="module")
-def results4(tmp_path_factory):
-    return run_scenarios(tmp_path_factory.mktemp("post4"), 4, SCENARIOS_4, hosts=TWO_HOSTS)
+results4 = job_results("results4", "post4", 4, SCENARIOS_4, TWO_HOSTS)
 
 
 def _check(ranks, scenario):
@@ -85,11 +79,11 @@ def _check(ranks, scenario):
         assert "w1/ExponentialMovingAverage" in plan and "shared/ExponentialMovingAverage" in plan
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS_2, ids=[s["name"] for s in SCENARIOS_2])
+@each_scenario(SCENARIOS_2)
 def test_two_workers_equal_single_device(results2, scenario):
     _check(check(results2, scenario, 2), scenario)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS_4, ids=[s["name"] for s in SCENARIOS_4])
+@each_scenario(SCENARIOS_4)
 def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
     _check(check(results4, scenario, 4), scenario)

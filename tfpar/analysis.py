@@ -171,6 +171,17 @@ class GraphAnalysis:
         return format_table(rows)
 
 
+def reachable(roots: Iterable[tf.Operation], neighbours) -> Set[tf.Operation]:
+    """Every op reachable from `roots` (included) by `neighbours(op)`."""
+    seen, stack = set(), list(roots)
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend(neighbours(op))
+    return seen
+
+
 def analyse(graph_or_meta, gradient_scope: str = DEFAULT_GRADIENT_SCOPE,
             strict: bool = True) -> GraphAnalysis:
     """Analyses a `tf.Graph` (or `MetaGraphDef`) holding one or more optimizer update ops.
@@ -208,16 +219,8 @@ class _Analyser:
         for op in self.ops:
             for dep in op.control_inputs:
                 control_out[dep].append(op)
-        seen, stack = set(), list(roots)
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            for t in op.outputs:
-                stack.extend(t.consumers())
-            stack.extend(control_out[op])
-        return seen
+        return reachable(roots, lambda op: [c for t in op.outputs for c in t.consumers()]
+                         + control_out[op])
 
     def _collection_variables(self):
         out = {}

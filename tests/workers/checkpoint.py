@@ -23,13 +23,8 @@ import tfpar  # noqa: E402
 tf.compat.v1.disable_eager_execution()
 
 
-def main(scenarios_path, out_dir):
-    with open(scenarios_path) as f:
-        scenarios = json.load(f)
-    session_config = models.worker_session_config()
-    for sc in scenarios:
-        rank = int(os.environ.get("HOROVOD_RANK", "0"))
-        graph, h = models.build(init_seed=100 + rank, **sc["model"])
+def main(spec_path, out_dir):
+    for sc, graph, h, session_config in models.worker_scenarios(spec_path):
         with graph.as_default():
             saver = tf.compat.v1.train.Saver(max_to_keep=10) if sc.get("user_saver") else None
         config = tfpar.Config(session_config=session_config, **sc.get("config", {}))

@@ -20,13 +20,7 @@ tf.compat.v1.disable_eager_execution()
 
 
 def main(scenarios_path, out_dir):
-    with open(scenarios_path) as f:
-        scenarios = json.load(f)
-    session_config = models.worker_session_config()
-    for sc in scenarios:
-        rank = int(os.environ.get("HOROVOD_RANK", "0"))
-        # Different initial values per worker: the runner must broadcast worker 0's.
-        graph, h = models.build(init_seed=100 + rank, **sc["model"])
+    for sc, graph, h, session_config in models.worker_scenarios(scenarios_path):
         extra = {}
         if sc.get("feed_trials"):  # steps run before training (density measurement) are fed
             trial_batches = models.batches(3, sc["batch"], seed=1, vocab=sc.get("vocab"))

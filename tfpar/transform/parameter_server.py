@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from tfpar.analysis import FUNCTIONAL, WRITES
+from tfpar.analysis import FUNCTIONAL, WRITES, reachable
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
 from tfpar.transform import surgery
@@ -257,15 +257,8 @@ class _Rewriter:
         if not hasattr(self, "_in_training"):
             roots = [self.g.get_operation_by_name(n) for v in self.plan.variables
                      for g in v.gradients for n in g.ops]
-            seen, stack = set(), list(roots)
-            while stack:
-                x = stack.pop()
-                if x in seen:
-                    continue
-                seen.add(x)
-                stack.extend(t.op for t in x.inputs)
-                stack.extend(x.control_inputs)
-            self._in_training = seen
+            self._in_training = reachable(
+                roots, lambda x: [t.op for t in x.inputs] + list(x.control_inputs))
         return self._in_training
 
     def _resource(self, v: VariablePlan) -> bool:
