@@ -13,8 +13,10 @@ MODEL = os.path.join(REPO, "examples", "mlp.py")
 
 
 def tfpar_cmd(*args):
+    # Test models import the repository's packages (tests, examples), as a job's do.
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([TFPAR, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=120, cwd=REPO)
+                          text=True, timeout=120, cwd=REPO, env=env)
 
 
 def test_inspect_prints_every_variable():
