@@ -16,7 +16,7 @@ import pytest
 
 from tests import models
 from tests.launch import REPO, horovodrun, job_results
-from tests.reference import check, each_scenario
+from tests.reference import equal_single_device_tests
 
 import tfpar
 from tfpar import routing
@@ -189,14 +189,8 @@ def _check_routes(ranks, scenario):
     assert comm["allreduce"] > 0
 
 
-@each_scenario(SCENARIOS_2)
-def test_two_workers_equal_single_device(results2, scenario):
-    _check_routes(check(results2, scenario, 2), scenario)
-
-
-@each_scenario(SCENARIOS_4)
-def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
-    _check_routes(check(results4, scenario, 4), scenario)
+test_two_workers_equal_single_device, test_two_hosts_of_two_workers_equal_single_device = \
+    equal_single_device_tests(SCENARIOS_2, SCENARIOS_4, also=_check_routes)
 
 
 # -- the LM example: measured alpha decides -----------------------------------------------------

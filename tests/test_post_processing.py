@@ -21,7 +21,7 @@ import pytest
 
 from tests import models
 from tests.launch import job_results
-from tests.reference import check, each_scenario
+from tests.reference import equal_single_device_tests
 
 pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 
@@ -79,11 +79,5 @@ def _check(ranks, scenario):
         assert "w1/ExponentialMovingAverage" in plan and "shared/ExponentialMovingAverage" in plan
 
 
-@each_scenario(SCENARIOS_2)
-def test_two_workers_equal_single_device(results2, scenario):
-    _check(check(results2, scenario, 2), scenario)
-
-
-@each_scenario(SCENARIOS_4)
-def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
-    _check(check(results4, scenario, 4), scenario)
+test_two_workers_equal_single_device, test_two_hosts_of_two_workers_equal_single_device = \
+    equal_single_device_tests(SCENARIOS_2, SCENARIOS_4, also=_check)

@@ -12,7 +12,7 @@ import sys
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tests import search_model  # noqa: E402
+from tests.partition.counts import search_model  # noqa: E402
 import tfpar  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests import search_model
+from tests.partition.counts import search_model
 from tests.launch import TESTS, horovodrun
 from tests.reference import ATOL, RTOL
 
@@ -87,7 +87,7 @@ def test_the_count_is_remembered(job, tmp_path):
 def test_tfpar_plan_shows_the_remembered_search_and_can_forget_it(job):
     from tests.test_cli import tfpar_cmd
     out, _ = job
-    args = ("plan", os.path.join(TESTS, "search_model.py:build"), "--resources", "localhost:2",
+    args = ("plan", os.path.join(TESTS, "partition", "counts", "search_model.py:build"), "--resources", "localhost:2",
             "--search-cache", str(out / "cache"))
     proc = tfpar_cmd(*args)
     assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,7 @@ from tfpar.partition.tiling.planner import (DATA_PARALLEL, EXACT_LIMITS, MODEL_P
                                             TilingPlan, cost_table, recursive_cuts,
                                             best_group_hybrid, canonical, cost_of, one_cut,
                                             plan_tiling, section22_bytes, solve)
-from tests.tiling_enumeration import brute_force, chain_optimum, tables
+from tests.partition.tiling.tiling_enumeration import brute_force, chain_optimum, tables
 
 MB = 1e6
 SOYBEAN_MLP = mlp(400, [300] * 6)  # 5 layers of 300, batch 400

@@ -1,0 +1,1 @@
+"""Tests of tfpar.partition: the partition-count search (counts/) and the tiling planner (tiling/)."""

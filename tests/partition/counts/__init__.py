@@ -1,0 +1,1 @@
+"""Tests of tfpar.partition.counts (Parallax's partition-count search)."""

@@ -1,0 +1,1 @@
+"""Tests of tfpar.partition.tiling (the SoyBean/FlexFlow tiling planner and simulator)."""
