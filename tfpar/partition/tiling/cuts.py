@@ -22,7 +22,7 @@ For m = 2 this is the digest's table (R<->C S/2, R->r S, red->R S, red->r 2S).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 RED = "red"
 REPLICATE = None  # a Cut with dim None replicates
@@ -32,12 +32,17 @@ REPLICATE = None  # a Cut with dim None replicates
 class Cut:
     """One basic tiling: split dimension `dim` into `parts`, or replicate (dim None)."""
 
-    dim: Optional[int]
+    dim: Union[int, None, str]  # a dimension, None (replicate) or RED (partial sums)
     parts: int = 2
 
     def __str__(self):
-        letter = "r" if self.dim is None else {0: "R", 1: "C"}.get(self.dim, f"P{self.dim}")
+        letter = ("r" if self.dim is None else "+" if self.dim == RED
+                  else {0: "R", 1: "C"}.get(self.dim, f"P{self.dim}"))
         return letter if self.parts == 2 else f"{letter}{self.parts}"
+
+    @property
+    def splits(self) -> bool:
+        return self.dim is not None and self.dim != RED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,26 +66,37 @@ class Tiling:
     def tile_shape(self, shape: Sequence[int]) -> Tuple[int, ...]:
         out = list(shape)
         for c in self.cuts:
-            if c.dim is not None:
+            if c.splits:
                 out[c.dim] //= c.parts
         return tuple(out)
 
-    def tile_ranges(self, shape: Sequence[int], device: int) -> Tuple[Tuple[int, int], ...]:
-        """The [start, stop) range along each dimension that `device` holds. Devices are
-        numbered in mixed radix over the cuts, the outermost cut the most significant
-        digit, so the first cut separates devices [0, N/m) from [N/m, 2N/m), ..."""
+    def digits(self, device: int) -> Tuple[int, ...]:
+        """`device`'s part at each cut. Devices are numbered in mixed radix over the cuts,
+        the outermost cut the most significant digit, so the first cut separates devices
+        [0, N/m) from [N/m, 2N/m), ..."""
         if not 0 <= device < self.devices:
             raise ValueError(f"device {device} is not in 0..{self.devices - 1}")
-        ranges = [[0, n] for n in shape]
-        rest = self.devices
+        out, rest = [], self.devices
         for c in self.cuts:
             rest //= c.parts
-            part = (device // rest) % c.parts
-            if c.dim is not None:
+            out.append((device // rest) % c.parts)
+        return tuple(out)
+
+    def tile_ranges(self, shape: Sequence[int], device: int) -> Tuple[Tuple[int, int], ...]:
+        """The [start, stop) range along each dimension that `device` holds. A split that
+        does not divide evenly gives the first parts one more (as numpy's array_split)."""
+        ranges = [[0, n] for n in shape]
+        for c, part in zip(self.cuts, self.digits(device)):
+            if c.splits:
                 lo, hi = ranges[c.dim]
-                step = (hi - lo) // c.parts
-                ranges[c.dim] = [lo + part * step, lo + (part + 1) * step]
+                n = hi - lo
+                ranges[c.dim] = [lo + part * (n // c.parts) + min(part, n % c.parts),
+                                 lo + (part + 1) * (n // c.parts) + min(part + 1, n % c.parts)]
         return tuple((lo, hi) for lo, hi in ranges)
+
+    def partial_digits(self, device: int) -> Tuple[int, ...]:
+        """`device`'s part at each partial-sum cut: the tensor is the sum over these."""
+        return tuple(d for c, d in zip(self.cuts, self.digits(device)) if c.dim == RED)
 
     @property
     def devices(self) -> int:
@@ -94,14 +110,17 @@ class Tiling:
 
     @classmethod
     def parse(cls, text: str) -> "Tiling":
-        """"RC", "rR", "C3R" (a 3-way column cut, then a 2-way row cut); "-" (no cut)."""
+        """"RC", "rR", "C3R" (a 3-way column cut, then a 2-way row cut), "+C" (partial
+        sums over the first cut, columns split inside); "-" (no cut)."""
         if text == "-":
             return cls()
         cuts, i = [], 0
         while i < len(text):
             ch = text[i]
             i += 1
-            if ch == "P":
+            if ch == "+":
+                dim = RED
+            elif ch == "P":
                 j = i
                 while j < len(text) and text[j].isdigit():
                     j += 1

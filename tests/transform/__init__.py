@@ -1,0 +1,1 @@
+"""Tests of tfpar.transform: graph rewrites and the collectives they insert."""
