@@ -117,6 +117,8 @@ def convert(x: tf.Tensor, src: Tiling, dst: Tiling, shape: Sequence[int], rank: 
             counter=None, name: str = "convert") -> tf.Tensor:
     """`x`, this worker's tile of a tensor of `shape` under `src`, as its tile under `dst`
     (any two tilings of one device count; partial sums ("+" cuts) are reduced)."""
+    if src == dst:
+        return x
     for i, ex in enumerate(redistribution.conversion(src, dst, shape)):
         x = run_exchange(x, ex, rank, counter, f"{name}_{i}")
     return x
