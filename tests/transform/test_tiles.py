@@ -1,4 +1,6 @@
-"""Training an MLP whose weights are split over real workers equals single-device training.
+"""Training an MLP, and a language model's output layer with its softmax cross-entropy on
+logits split over the vocabulary, with weights split over real workers equals
+single-device training.
 
 Each plan gives every weight a tiling (row, column, replicated, hybrid 2 x 2); after 3
 steps every variable and optimizer slot, put back together from the workers' tiles,
@@ -34,12 +36,18 @@ def plans(n):
         shapes = {"hybrid 2x2": ("rC", "rR", "RC"),
                   "column over 4": ("C4", "R4", "C4"),
                   "rows outside, columns inside": ("Cr", "rC", "RR")}
+    # The output layer of a language model: logits split over the vocabulary (columns).
+    softmax = ({"LM output layer, vocabulary split": ("r", "C", "R", "C")} if n == 2 else
+               {"LM output layer, vocabulary split": ("rr", "CC", "RR", "CC"),
+                "LM output layer, hybrid": ("rr", "rC", "RR", "RC")})
     out = []
-    for label, (w1, w2, h1) in shapes.items():
-        for opt in ("sgd", "momentum", "adam"):
-            out.append({"name": f"{label} {opt}".replace(" ", "_").replace("(", "").replace(")", ""),
-                        "optimizer": opt, "weights": {"W1": w1, "W2": w2},
-                        "activations": {"h1": h1}})
+    for loss, table in (("squares", shapes), ("softmax", softmax)):
+        for label, (w1, w2, h1, *logits) in table.items():
+            for opt in ("sgd", "momentum", "adam"):
+                name = f"{label} {opt}".replace(",", "").replace("(", "").replace(")", "")
+                out.append({"name": name.replace(" ", "_"), "optimizer": opt, "loss": loss,
+                            "weights": {"W1": w1, "W2": w2},
+                            "activations": {"h1": h1, "logits": (logits or ["-"])[0]}})
     return out
 
 
@@ -47,7 +55,7 @@ def spec(n):
     return {"sizes": SIZES, "steps": STEPS, "global_batch": 8, "plans": plans(n)}
 
 
-def single_device(sp, opt_name):
+def single_device(sp, opt_name, loss_name):
     values, batches = initial(sp)
     g = tf.Graph()
     with g.as_default():
@@ -61,7 +69,11 @@ def single_device(sp, opt_name):
             h = tf.matmul(h, w) + b
             if i == 1:
                 h = tf.nn.relu(h)
-        loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
+        if loss_name == "softmax":
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=tf.argmax(t, axis=1), logits=h))
+        else:
+            loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
         opt = optimizer(opt_name)
         train = opt.minimize(loss)
         with tf.compat.v1.Session(graph=g) as sess:
@@ -94,6 +106,7 @@ def tiling_of(plan, name):
     layer = int(name[1])
     n_cuts = Tiling.parse(plan["weights"]["W1"]).cuts
     y = (Tiling.parse(plan["activations"][f"h{layer}"]) if layer == 1
+         else Tiling.parse(plan["activations"]["logits"]) if plan["loss"] == "softmax"
          else tiles.batch_split([c.parts for c in n_cuts]))
     return tiles.bias_tiling(y)
 
@@ -114,7 +127,7 @@ def test_split_mlp_equals_single_device(job):
     sp = spec(n)
     for plan in sp["plans"]:
         ranks = [np.load(os.path.join(out, plan["name"], f"rank{r}.npz")) for r in range(n)]
-        expected, init = single_device(sp, plan["optimizer"])
+        expected, init = single_device(sp, plan["optimizer"], plan["loss"])
         for name, value in expected.items():
             var = name.split("/")[0]
             got = assemble([r[name] for r in ranks], tiling_of(plan, var), value.shape, name)

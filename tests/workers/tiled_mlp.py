@@ -1,8 +1,8 @@
 """A horovodrun worker that trains an MLP whose layers are split over the workers.
 
-usage: tiled_mlp.py SPEC_JSON OUT_DIR. SPEC: {"plans": [{"name", "optimizer", "cuts",
-"weights": {"W1": tiling, ...}, "activations": {"h1": tiling, ...}}], "steps", "batch",
-"sizes"}. Each worker holds only its tile of every weight (`tfpar.transform.tiles`) and
+usage: tiled_mlp.py SPEC_JSON OUT_DIR. SPEC: {"plans": [{"name", "optimizer", "weights":
+{"W1": tiling, ...}, "activations": {"h1": tiling, ..., "logits": tiling}, "loss":
+"squares" | "softmax"}], "steps", "global_batch", "sizes"}. Each worker holds only its tile of every weight (`tfpar.transform.tiles`) and
 the optimizer's slots of that tile; its batch is rows [rank*B, (rank+1)*B) of the global
 batch. It saves every variable's and slot's tile after the steps, and the bytes the
 collectives sent, for tests/transform/test_tiles.py.
@@ -55,6 +55,7 @@ def run_plan(spec, plan, rank, n, out_dir):
     layers = len(sizes) - 1
     b = spec["global_batch"] // n
     sent = [0]
+    softmax = plan.get("loss") == "softmax"
 
     def count(elements):
         sent[0] += elements
@@ -68,7 +69,8 @@ def run_plan(spec, plan, rank, n, out_dir):
         variables = {}
         for i in range(1, layers + 1):
             w_t = Tiling.parse(plan["weights"][f"W{i}"])
-            y_t = (Tiling.parse(plan["activations"][f"h{i}"]) if i < layers else batch_tiling)
+            y_t = (Tiling.parse(plan["activations"][f"h{i}"]) if i < layers
+                   else Tiling.parse(plan["activations"]["logits"]) if softmax else batch_tiling)
             b_t = tiles.bias_tiling(y_t)
             shape_w, shape_b = (sizes[i - 1], sizes[i]), (sizes[i],)
             box_w, box_b = w_t.tile_ranges(shape_w, rank), b_t.tile_ranges(shape_b, rank)
@@ -84,7 +86,12 @@ def run_plan(spec, plan, rank, n, out_dir):
             h_tiling = y_t
             if i < layers:
                 h = tf.nn.relu(h)
-        loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
+        if softmax:  # the output layer of a language model: logits split over the vocabulary
+            labels = tf.argmax(t, axis=1)
+            loss = tf.reduce_mean(tiles.softmax_cross_entropy(
+                h, h_tiling, spec["global_batch"], sizes[-1], labels, batch_tiling, rank, count))
+        else:
+            loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
         opt = optimizer(plan["optimizer"])
         train = opt.minimize(loss)
         with tf1.Session() as sess:

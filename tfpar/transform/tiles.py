@@ -99,3 +99,62 @@ def dense(x: tf.Tensor, x_tiling: Tiling, batch: int, w_tile: tf.Tensor, w_tilin
                                          counter, "b")
             y = tf.nn.bias_add(y, b_used)
         return y
+
+
+def _rows_only(t: Tiling) -> Tiling:
+    """`t` with its column cuts replicated: the rows a worker's tile covers, whole."""
+    return Tiling(tuple(Cut(None, c.parts) if c.dim == 1 else c for c in t.cuts))
+
+
+def _rows_partial(t: Tiling) -> Tiling:
+    """`t` with its column cuts as partial sums (per-row sums over a column slice)."""
+    return Tiling(tuple(Cut(RED, c.parts) if c.dim == 1 else c for c in t.cuts))
+
+
+def softmax_cross_entropy(logits: tf.Tensor, tiling: Tiling, batch: int, vocab: int,
+                          labels: tf.Tensor, labels_tiling: Tiling, rank: int,
+                          counter=None, name: str = "split_softmax") -> tf.Tensor:
+    """Per-row softmax cross-entropy of logits [batch, vocab] held as tiles under `tiling`
+    (e.g. split over the vocabulary), for this worker's rows under `labels_tiling` (its
+    labels [rows] of global ids; usually its own batch, the rows split at every cut).
+
+    No worker holds a whole row of logits: each reduces its slice (the maximum, the sum
+    of exponentials, the target's logit) and only those [rows, 1] values cross the
+    column cuts (the maximum only for stability, without gradient; the sums by an
+    all-reduce whose adjoint sends the gradient back to every slice).
+    """
+    if any(c.dim == RED for c in tiling.cuts):
+        raise TfparError(f"{name}: logits must be whole values, not partial sums ({tiling})")
+    with tf.compat.v1.name_scope(name):
+        (_, _), (c0, c1) = tiling.tile_ranges((batch, vocab), rank)
+        rows = _rows_only(tiling)
+        # Labels of the rows this tile covers (ids travel as float64: exact below 2^53).
+        row_labels = collectives.convert(tf.cast(labels, tf.float64)[:, None], labels_tiling,
+                                         rows, (batch, 1), rank, None, "labels")
+        row_labels = tf.stop_gradient(tf.cast(row_labels[:, 0], tf.int64))
+        # The row maximum over every slice: each slice's maximum, gathered across the
+        # column cuts as a [batch, slices] matrix.
+        col_cuts = [c.parts for c in tiling.cuts if c.dim == 1]
+        slices = 1
+        for p in col_cuts:
+            slices *= p
+        local_max = tf.reduce_max(logits, axis=1, keepdims=True)
+        if slices > 1:
+            # Under `tiling` a [batch, slices] matrix gives each worker one column.
+            all_max = collectives.convert(tf.stop_gradient(local_max), tiling, rows,
+                                          (batch, slices), rank, counter, "max")
+            row_max = tf.reduce_max(all_max, axis=1, keepdims=True)
+        else:
+            row_max = local_max
+        row_max = tf.stop_gradient(row_max)
+        sum_exp = tf.reduce_sum(tf.exp(logits - row_max), axis=1, keepdims=True)
+        in_slice = tf.logical_and(row_labels >= c0, row_labels < c1)
+        local_ids = tf.where(in_slice, row_labels - c0, tf.zeros_like(row_labels))
+        picked = tf.gather(logits, local_ids, axis=1, batch_dims=1)[:, None]
+        target = picked * tf.cast(in_slice, logits.dtype)[:, None]
+        partial = tf.concat([sum_exp, target], axis=1)  # [rows, 2], summed over slices
+        total = (collectives.convert(partial, _rows_partial(tiling), rows, (batch, 2), rank,
+                                     counter, "sums") if slices > 1 else partial)
+        loss = tf.math.log(total[:, 0]) + row_max[:, 0] - total[:, 1]
+        return collectives.convert(loss[:, None], rows, labels_tiling, (batch, 1), rank,
+                                   counter, "rows")[:, 0]
