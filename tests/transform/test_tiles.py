@@ -134,3 +134,15 @@ def test_split_mlp_equals_single_device(job):
             np.testing.assert_allclose(got, value, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{plan['name']}: {name}")
         assert not np.allclose(expected["W1"], init["W1"])  # training moved the weights
+
+
+def test_bytes_moved_are_the_exchanges_prediction(job):
+    """What Horovod reports arriving per step equals what the plan's exchanges predict
+    (exactly: both count the same pieces), and split plans do move bytes."""
+    n, out = job
+    for plan in spec(n)["plans"]:
+        ranks = [np.load(os.path.join(out, plan["name"], f"rank{r}.npz")) for r in range(n)]
+        for r, data in enumerate(ranks):
+            assert float(data["__bytes_received_per_step"]) == pytest.approx(
+                float(data["__bytes_predicted_per_step"]), rel=1e-9), (plan["name"], r)
+        assert sum(float(d["__bytes_received_per_step"]) for d in ranks) > 0, plan["name"]

@@ -4,8 +4,9 @@ usage: tiled_mlp.py SPEC_JSON OUT_DIR. SPEC: {"plans": [{"name", "optimizer", "w
 {"W1": tiling, ...}, "activations": {"h1": tiling, ..., "logits": tiling}, "loss":
 "squares" | "softmax"}], "steps", "global_batch", "sizes"}. Each worker holds only its tile of every weight (`tfpar.transform.tiles`) and
 the optimizer's slots of that tile; its batch is rows [rank*B, (rank+1)*B) of the global
-batch. It saves every variable's and slot's tile after the steps, and the bytes the
-collectives sent, for tests/transform/test_tiles.py.
+batch. It saves every variable's and slot's tile after the steps, and the bytes its
+collectives received per step (as Horovod reported them, and as the exchanges predict),
+for tests/transform/test_tiles.py.
 """
 import json
 import os
@@ -54,11 +55,17 @@ def run_plan(spec, plan, rank, n, out_dir):
     sizes = spec["sizes"]
     layers = len(sizes) - 1
     b = spec["global_batch"] // n
-    sent = [0]
+    predicted = [0]
     softmax = plan.get("loss") == "softmax"
+    measured = []
 
-    def count(elements):
-        sent[0] += elements
+    def count(received, expected):
+        predicted[0] += expected
+        with tf1.variable_scope("traffic", reuse=tf1.AUTO_REUSE):
+            total = tf1.get_local_variable("received", [], tf.float64,
+                                           initializer=tf1.zeros_initializer())
+        measured[:] = [total]
+        return total.assign_add(received, read_value=False)
 
     g = tf.Graph()
     with g.as_default():
@@ -95,8 +102,7 @@ def run_plan(spec, plan, rank, n, out_dir):
         opt = optimizer(plan["optimizer"])
         train = opt.minimize(loss)
         with tf1.Session() as sess:
-            sess.run(tf1.global_variables_initializer())
-            per_step = sent[0]
+            sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
             for xs, ts in batches:
                 sess.run(train, {x: xs[rank * b:(rank + 1) * b], t: ts[rank * b:(rank + 1) * b]})
             out = {}
@@ -104,7 +110,9 @@ def run_plan(spec, plan, rank, n, out_dir):
                 out[name] = sess.run(v)
                 for s in slot_names(plan["optimizer"]):
                     out[f"{name}/{s}"] = sess.run(opt.get_slot(v, s))
-            out["__sent_per_step"] = np.array(per_step)
+            out["__bytes_predicted_per_step"] = np.array(predicted[0], np.float64)
+            out["__bytes_received_per_step"] = np.array(
+                sess.run(measured[0]) / len(batches) if measured else 0.0)
     folder = os.path.join(out_dir, plan["name"])
     os.makedirs(folder, exist_ok=True)
     np.savez(os.path.join(folder, f"rank{rank}.npz"), **out)

@@ -27,8 +27,10 @@ from tfpar.partition.tiling.redistribution import Exchange
 def run_exchange(x: tf.Tensor, ex: Exchange, rank: int, counter=None,
                  name: str = "exchange") -> tf.Tensor:
     """This worker's output tile of `ex` applied to its input tile `x`, with the exact
-    adjoint as gradient. `counter(elements_sent)`, if given, is told of the elements this
-    worker sends, forward and backward."""
+    adjoint as gradient. `counter(received_bytes, predicted_bytes)`, if given, is called
+    for each all-to-all built (forward and adjoint) with the bytes this worker receives:
+    a tensor of what Horovod reports at run time, and the exchange's count; it may return
+    an op (a counter's update) that then runs with the exchange."""
 
     @tf.custom_gradient
     def apply(t):
@@ -54,6 +56,7 @@ def _move(x: tf.Tensor, ex: Exchange, rank: int, counter, name: str) -> tf.Tenso
     out_shape = list(ex.out_shapes[rank])
     pieces: List[tf.Tensor] = []
     received = []
+    bump = None
     if ex.communicates:
         # Horovod sends the payload's first splits[0] elements to rank 0, and so on, and
         # concatenates what it receives in the senders' rank order; a pair's pieces keep
@@ -71,10 +74,12 @@ def _move(x: tf.Tensor, ex: Exchange, rank: int, counter, name: str) -> tf.Tenso
         # cut from a stateful op (the clock) is never folded and sends nothing.
         never_folded = tf.cast(tf.reshape(tf.timestamp(), [1])[:0], x.dtype)
         payload = tf.concat(flat + [never_folded], 0)
-        got, _ = hvd.alltoall(payload, splits=tf.constant(splits, tf.int32),
-                              name=f"{name}_alltoall")
-        if counter is not None:
-            counter(sum(splits))
+        got, got_splits = hvd.alltoall(payload, splits=tf.constant(splits, tf.int32),
+                                       name=f"{name}_alltoall")
+        if counter is not None:  # what arrived, as Horovod reports it, and the prediction
+            itemsize = x.dtype.size
+            bump = counter(tf.cast(tf.reduce_sum(got_splits), tf.float64) * itemsize,
+                           ex.received(rank) * itemsize)
         incoming = sorted((t for t in ex.transfers if t.dst == rank and t.src != rank),
                           key=lambda t: t.src)
         sizes = [t.size for t in incoming]
@@ -96,6 +101,9 @@ def _move(x: tf.Tensor, ex: Exchange, rank: int, counter, name: str) -> tf.Tenso
         # the others wait for it forever): appending the empty tensor it received is a
         # data dependency that changes no bit.
         out = tf.reshape(tf.concat([tf.reshape(out, [-1]), got], 0), out_shape)
+    if bump is not None:
+        with tf.control_dependencies([bump]):
+            out = tf.identity(out)
     return out
 
 
