@@ -15,9 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests.launch import TESTS, horovodrun
-from tests.workers.tiled_mlp import initial, optimizer, slot_names
-from tfpar.partition.tiling.cuts import Tiling
-from tfpar.transform import tiles
+from examples.split_mlp import SLOTS, initial, optimizer, tiling_of
 
 pytestmark = pytest.mark.job
 RTOL, ATOL = 1e-5, 1e-6
@@ -56,7 +54,7 @@ def spec(n):
 
 
 def single_device(sp, opt_name, loss_name):
-    values, batches = initial(sp)
+    values, batches = initial(SIZES, sp["global_batch"], STEPS)
     g = tf.Graph()
     with g.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [None, SIZES[0]])
@@ -83,7 +81,7 @@ def single_device(sp, opt_name, loss_name):
             out = {}
             for name, v in variables.items():
                 out[name] = sess.run(v)
-                for s in slot_names(opt_name):
+                for s in SLOTS[opt_name]:
                     out[f"{name}/{s}"] = sess.run(opt.get_slot(v, s))
             return out, values
 
@@ -98,17 +96,6 @@ def job(request, tmp_path_factory):
                       timeout=400)
     assert proc.returncode == 0, proc.stdout[-6000:]
     return n, out
-
-
-def tiling_of(plan, name):
-    if name.startswith("W"):
-        return Tiling.parse(plan["weights"][name])
-    layer = int(name[1])
-    n_cuts = Tiling.parse(plan["weights"]["W1"]).cuts
-    y = (Tiling.parse(plan["activations"][f"h{layer}"]) if layer == 1
-         else Tiling.parse(plan["activations"]["logits"]) if plan["loss"] == "softmax"
-         else tiles.batch_split([c.parts for c in n_cuts]))
-    return tiles.bias_tiling(y)
 
 
 def assemble(tiles_by_rank, tiling, shape, name):
@@ -130,7 +117,8 @@ def test_split_mlp_equals_single_device(job):
         expected, init = single_device(sp, plan["optimizer"], plan["loss"])
         for name, value in expected.items():
             var = name.split("/")[0]
-            got = assemble([r[name] for r in ranks], tiling_of(plan, var), value.shape, name)
+            got = assemble([r[name] for r in ranks], tiling_of(plan, var, SIZES), value.shape,
+                           name)
             np.testing.assert_allclose(got, value, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{plan['name']}: {name}")
         assert not np.allclose(expected["W1"], init["W1"])  # training moved the weights
