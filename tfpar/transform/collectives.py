@@ -15,7 +15,7 @@ knows whether a round moves anything, and all of them skip it or all run it.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import tensorflow as tf
 
