@@ -2,7 +2,8 @@
 logits split over the vocabulary, with weights split over real workers equals
 single-device training.
 
-Each plan gives every weight a tiling (row, column, replicated, hybrid 2 x 2); after 3
+Each plan gives every weight a tiling (row, column, replicated, hybrid 2 x 2, and the
+tiling planner's own plan for the MLP); after 3
 steps every variable and optimizer slot, put back together from the workers' tiles,
 equals single-device training on the concatenated batch (fp32, rtol 1e-5, atol 1e-6), and
 replicas of a tile are identical on every worker that holds one.
@@ -16,6 +17,8 @@ import tensorflow as tf
 
 from tests.launch import TESTS, horovodrun
 from examples.split_mlp import SLOTS, initial, optimizer, tiling_of
+from tfpar.partition.tiling.dataflow import mlp
+from tfpar.partition.tiling.planner import plan_tiling
 
 pytestmark = pytest.mark.job
 RTOL, ATOL = 1e-5, 1e-6
@@ -38,11 +41,16 @@ def plans(n):
     softmax = ({"LM output layer, vocabulary split": ("r", "C", "R", "C")} if n == 2 else
                {"LM output layer, vocabulary split": ("rr", "CC", "RR", "CC"),
                 "LM output layer, hybrid": ("rr", "rC", "RR", "RC")})
+    # The tiling planner's own plan for this MLP and N (weights and activations).
+    planned = plan_tiling(mlp(8, SIZES, bias=True), n).tilings
+    shapes["planner's own plan"] = (str(planned["W1"]), str(planned["W2"]), str(planned["x1"]))
     out = []
     for loss, table in (("squares", shapes), ("softmax", softmax)):
         for label, (w1, w2, h1, *logits) in table.items():
             for opt in ("sgd", "momentum", "adam"):
-                name = f"{label} {opt}".replace(",", "").replace("(", "").replace(")", "")
+                name = f"{label} {opt}"
+                for ch in ",()'":
+                    name = name.replace(ch, "")
                 out.append({"name": name.replace(" ", "_"), "optimizer": opt, "loss": loss,
                             "weights": {"W1": w1, "W2": w2},
                             "activations": {"h1": h1, "logits": (logits or ["-"])[0]}})
