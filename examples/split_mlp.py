@@ -142,3 +142,27 @@ def build(plan, sizes, global_batch, rank, n, values) -> SplitModel:
         opt = optimizer(plan["optimizer"])
         train = opt.minimize(loss)
     return SplitModel(g, x, t, loss, train, opt, variables, received, predicted[0])
+
+
+def single_device(sizes, values, loss_name: str, opt_name: str):
+    """The same model as one device trains it (whole weights, ordinary ops): (graph, x,
+    targets, train op, optimizer, {name: variable})."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, sizes[0]], name="x")
+        t = tf1.placeholder(tf.float32, [None, sizes[-1]], name="targets")
+        h, variables = x, {}
+        for i in range(1, len(sizes)):
+            for name in (f"W{i}", f"b{i}"):
+                variables[name] = tf1.get_variable(name, initializer=values[name])
+            h = tf.matmul(h, variables[f"W{i}"]) + variables[f"b{i}"]
+            if i < len(sizes) - 1:
+                h = tf.nn.relu(h)
+        if loss_name == "softmax":
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=tf.argmax(t, axis=1), logits=h))
+        else:
+            loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
+        opt = optimizer(opt_name)
+        train = opt.minimize(loss)
+    return g, x, t, train, opt, variables

@@ -72,23 +72,7 @@ def worker(model, system, steps, warmup, out):
             wire = 2 * sess.run(m.received) / steps  # received, and as much sent on average
         predicted, memory = 2 * m.predicted_per_step, m.tile_bytes()
     else:
-        g = tf.Graph()
-        with g.as_default():
-            x = tf.compat.v1.placeholder(tf.float32, [b, sizes[0]])
-            t = tf.compat.v1.placeholder(tf.float32, [b, sizes[-1]])
-            h = x
-            for i in range(1, len(sizes)):
-                w = tf.compat.v1.get_variable(f"W{i}", initializer=values[f"W{i}"])
-                bias = tf.compat.v1.get_variable(f"b{i}", initializer=values[f"b{i}"])
-                h = tf.matmul(h, w) + bias
-                if i < len(sizes) - 1:
-                    h = tf.nn.relu(h)
-            if loss_name == "softmax":
-                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    labels=tf.argmax(t, axis=1), logits=h))
-            else:
-                loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
-            train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss)
+        g, x, t, train, _, _ = split_mlp.single_device(sizes, values, loss_name, "adam")
         with tfpar.get_runner(g) as runner:
             for _ in range(steps):
                 start = time.perf_counter()

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import psutil
@@ -42,6 +41,18 @@ def run_scenarios(out_dir, n, scenarios, hosts=None, timeout=600, cluster=None):
     proc = horovodrun(n, os.path.join(TESTS, "workers", "equivalence.py"), spec, str(out_dir),
                       hosts=hosts, timeout=timeout, cluster=cluster)
     assert proc.returncode == 0, proc.stdout[-8000:]
+    return out_dir
+
+
+def run_worker(n, worker, spec, out_dir, timeout=300):
+    """Runs tests/workers/`worker` on n workers with `spec` (written as JSON into out_dir)
+    and out_dir as arguments; asserts it succeeded and returns out_dir."""
+    path = os.path.join(str(out_dir), "spec.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    proc = horovodrun(n, os.path.join(TESTS, "workers", worker), path, str(out_dir),
+                      timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-6000:]
     return out_dir
 
 

@@ -6,13 +6,11 @@ order). Horovod's own allgather is shown to fail the same test: its registered g
 averages over workers (a data-parallel convention), a factor N from the adjoint.
 """
 import itertools
-import json
-import os
 
 import numpy as np
 import pytest
 
-from tests.launch import TESTS, horovodrun
+from tests.launch import run_worker
 from tfpar.partition.tiling import redistribution
 from tfpar.partition.tiling.cuts import RED, Cut, Tiling, convert_cost
 
@@ -62,12 +60,8 @@ def cases(n):
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"N{n}")
 def job(request, tmp_path_factory):
     n = request.param
-    out = tmp_path_factory.mktemp(f"adjoint{n}")
-    spec = out / "cases.json"
-    spec.write_text(json.dumps(cases(n)))
-    proc = horovodrun(n, os.path.join(TESTS, "workers", "adjoint.py"), str(spec), str(out),
-                      timeout=180)
-    assert proc.returncode == 0, proc.stdout[-6000:]
+    out = run_worker(n, "adjoint.py", cases(n), tmp_path_factory.mktemp(f"adjoint{n}"),
+                     timeout=180)
     ranks = [np.load(out / f"rank{r}.npz") for r in range(n)]
     return n, cases(n), ranks
 

@@ -8,15 +8,15 @@ steps every variable and optimizer slot, put back together from the workers' til
 equals single-device training on the concatenated batch (fp32, rtol 1e-5, atol 1e-6), and
 replicas of a tile are identical on every worker that holds one.
 """
-import json
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.launch import TESTS, horovodrun
-from examples.split_mlp import SLOTS, initial, optimizer, tiling_of
+from tests.launch import run_worker
+from examples import split_mlp
+from examples.split_mlp import SLOTS, initial, tiling_of
 from tfpar.partition.tiling.dataflow import mlp
 from tfpar.partition.tiling.planner import plan_tiling
 
@@ -63,47 +63,24 @@ def spec(n):
 
 def single_device(sp, opt_name, loss_name):
     values, batches = initial(SIZES, sp["global_batch"], STEPS)
-    g = tf.Graph()
-    with g.as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [None, SIZES[0]])
-        t = tf.compat.v1.placeholder(tf.float32, [None, SIZES[-1]])
-        h, variables = x, {}
-        for i in (1, 2):
-            w = tf.compat.v1.get_variable(f"W{i}", initializer=values[f"W{i}"])
-            b = tf.compat.v1.get_variable(f"b{i}", initializer=values[f"b{i}"])
-            variables[f"W{i}"], variables[f"b{i}"] = w, b
-            h = tf.matmul(h, w) + b
-            if i == 1:
-                h = tf.nn.relu(h)
-        if loss_name == "softmax":
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=tf.argmax(t, axis=1), logits=h))
-        else:
-            loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
-        opt = optimizer(opt_name)
-        train = opt.minimize(loss)
-        with tf.compat.v1.Session(graph=g) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            for xs, ts in batches:
-                sess.run(train, {x: xs, t: ts})
-            out = {}
-            for name, v in variables.items():
-                out[name] = sess.run(v)
-                for s in SLOTS[opt_name]:
-                    out[f"{name}/{s}"] = sess.run(opt.get_slot(v, s))
-            return out, values
+    g, x, t, train, opt, variables = split_mlp.single_device(SIZES, values, loss_name, opt_name)
+    with tf.compat.v1.Session(graph=g) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for xs, ts in batches:
+            sess.run(train, {x: xs, t: ts})
+        out = {}
+        for name, v in variables.items():
+            out[name] = sess.run(v)
+            for s in SLOTS[opt_name]:
+                out[f"{name}/{s}"] = sess.run(opt.get_slot(v, s))
+        return out, values
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"N{n}")
 def job(request, tmp_path_factory):
     n = request.param
-    out = tmp_path_factory.mktemp(f"tiled{n}")
-    path = out / "spec.json"
-    path.write_text(json.dumps(spec(n)))
-    proc = horovodrun(n, os.path.join(TESTS, "workers", "tiled_mlp.py"), str(path), str(out),
-                      timeout=400)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    return n, out
+    return n, run_worker(n, "tiled_mlp.py", spec(n), tmp_path_factory.mktemp(f"tiled{n}"),
+                         timeout=400)
 
 
 def assemble(tiles_by_rank, tiling, shape, name):
