@@ -59,18 +59,28 @@ def test_json_round_trip_of_a_plan_with_every_route():
         hybrid.with_tiling(stranger)
 
 
-def test_a_tiled_route_is_refused_by_the_rewrite_with_a_clear_error():
+def test_the_rewrite_holds_a_tiled_route_as_tiles():
+    """The planner's tiling slots into the Plan, and the rewrite gives the weight and its
+    slots tiles of their own (equivalence: tests/transform/test_tiled_rewrite.py)."""
+    from tfpar import runtime
     from tfpar.partition.tiling import Dataflow, plan_tiling
     from tfpar.transform.rewrite import rewrite
-    graph, _ = models.build(batch=8)
+    runtime.horovod()  # building Horovod ops needs it initialised (here a job of one)
+    graph, _ = models.build(batch=8, optimizer="momentum")
     plan = make_plan(analyse(graph), tfpar.Config(), parse_resources("localhost:2"))
     df = Dataflow()
     df.matrix("x", (8, models.IN), "input")
     df.matrix("w1", (models.IN, models.HIDDEN), "weight")
     df.matrix("h", (8, models.HIDDEN), "activation")
     df.matmul("mm", "x", "w1", "h")
-    with pytest.raises(tfpar.NotYetSupportedError, match="route 'tiled'"):
-        rewrite(graph, plan.with_tiling(plan_tiling(df, 2)), 0)
+    tiled = plan.with_tiling(plan_tiling(df, 2))
+    tiling = tiled.variable("w1").tiling
+    done = rewrite(graph, tiled, 0)
+    assert set(done.tiled.tiles) == {"w1", "w1/Momentum"}
+    for tile in done.tiled.tiles.values():
+        assert tuple(tile.shape.as_list()) == tiling.tile_shape((models.IN, models.HIDDEN))
+    whole = {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+    assert not whole & {"w1", "w1/Momentum"} and "w2" in whole
 
 
 def test_routes_and_predicted_bytes():

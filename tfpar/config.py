@@ -57,6 +57,12 @@ class Config:
         optimizer state shared by all variables (Adam's beta powers) count this worker's
         steps, and allreduce routes (HYBRID's dense variables) stay
         synchronous. Results are not bit-equal to single-device training.
+      tiling: model parallelism for wide dense layers: None (off, the default) or
+        {variable name: tiling}, e.g. {"dense/kernel": "C", "dense/bias": "r"} (tilings as
+        `tfpar plan --tiling` prints them: R rows, C columns, r replicated, one letter
+        per cut). Each listed weight (the W of one `x @ W`) is split over the workers and
+        its layer runs on tiles with exact-adjoint collectives (`tfpar.transform.tiled`);
+        its optimizer slots are split with it, and a listed bias joins its layer.
       search_trials, search_seconds: caps on the trials of one search and on its time.
       search_steps: (untimed, timed) training steps per trial.
       search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials
@@ -93,8 +99,21 @@ class Config:
     sparse_route: Union[str, Dict[str, str]] = "ps"
     density_steps: int = 3
     sync: bool = True
+    tiling: Optional[Dict[str, str]] = None
 
     def __post_init__(self):
+        if self.tiling is not None:
+            from tfpar.partition.tiling.cuts import Tiling
+            if not isinstance(self.tiling, dict) or not self.tiling:
+                raise TfparError("Config.tiling must be None or a non-empty dict {variable "
+                                 f"name: tiling such as 'C'}}, got {self.tiling!r}")
+            try:
+                for name, t in self.tiling.items():
+                    Tiling.parse(t)
+            except (KeyError, ValueError, TypeError):
+                raise TfparError(f"Config.tiling: {t!r} (for {name!r}) is not a tiling: one "
+                                 "letter per cut, R rows, C columns, r replicated, e.g. 'C' "
+                                 "or 'rC'") from None
         mode = str(self.run_mode).upper() if isinstance(self.run_mode, str) else self.run_mode
         if mode not in RUN_MODES:
             raise TfparError(

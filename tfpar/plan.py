@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from tfpar.partition.tiling.cuts import Tiling
 from tfpar.partition.tiling.planner import TilingPlan
@@ -117,17 +117,35 @@ class Plan:
     def with_tiling(self, tiling: TilingPlan) -> "Plan":
         """This plan with the tiling planner's weights split as it chose (route "tiled");
         the other variables keep their routes."""
-        chosen = tiling.placement
+        return dataclasses.replace(self.with_tiles(tiling.placement), tiling=tiling)
+
+    def with_tiles(self, chosen: Dict[str, Tiling]) -> "Plan":
+        """This plan with the variables in `chosen` split by their tilings (route "tiled",
+        their optimizer slots with them); the other variables keep their routes."""
         unknown = sorted(set(chosen) - {v.name for v in self.variables})
         if unknown:
             raise ValueError(f"the tiling plan splits {unknown}, which this plan does not have")
+        for name, t in chosen.items():
+            v = self.variable(name)
+            if t.devices != self.num_workers:
+                raise ValueError(f"the tiling {t} of {name!r} is for {t.devices} devices; the "
+                                 f"job has {self.num_workers} workers")
+            for c in t.cuts:
+                if c.splits and (c.dim >= len(v.shape) or v.shape[c.dim] is None):
+                    raise ValueError(f"the tiling {t} of {name!r} splits dimension {c.dim} of "
+                                     f"a variable of shape {list(v.shape)}")
+            tile = t.tile_shape(v.shape)
+            if any(tuple(hi - lo for lo, hi in t.tile_ranges(v.shape, d)) != tile
+                   for d in range(t.devices)):
+                raise ValueError(f"the tiling {t} of {name!r} does not divide its shape "
+                                 f"{list(v.shape)} evenly")
+
         def split(v):  # a slot (Adam's m and v) is split as its variable is
             owner = v.slot_of if v.slot_of in chosen else v.name
             return (dataclasses.replace(v, route="tiled", tiling=chosen[owner], parts=(),
-                                        predicted_bytes=None, reduction=None)
+                                        predicted_bytes=None)
                     if owner in chosen else v)
-        variables = tuple(split(v) for v in self.variables)
-        return dataclasses.replace(self, variables=variables, tiling=tiling)
+        return dataclasses.replace(self, variables=tuple(split(v) for v in self.variables))
 
     def variable(self, name: str) -> VariablePlan:
         for v in self.variables:

@@ -14,7 +14,7 @@ from tfpar import checkpoint, liveness, runtime
 from tfpar.partition import counts
 from tfpar.analysis import analyse
 from tfpar.config import Config
-from tfpar.errors import TfparError, summary
+from tfpar.errors import NotYetSupportedError, TfparError, summary
 from tfpar.plan import Plan
 from tfpar.density import measure_links, measure_rows
 from tfpar.planner import (aggregation_measured, decide_aggregation, density_candidates,
@@ -64,11 +64,21 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     density = _measure(meta, analysis, config, layout)
     config, decisions = _partition_counts(meta, source_graph, analysis, config, layout, density)
     plan = make_plan(analysis, config, layout, decisions, density)
+    if config.tiling:
+        plan = _with_tiles(plan, config.tiling)
     runner = _start(meta, plan, config, layout,
                     graph if isinstance(graph, tf.Graph) else None)
     if runner.is_chief:
         log.info("%s", plan.table())
     return runner
+
+
+def _with_tiles(plan: Plan, tiling) -> Plan:
+    from tfpar.partition.tiling.cuts import Tiling
+    try:
+        return plan.with_tiles({name: Tiling.parse(t) for name, t in tiling.items()})
+    except ValueError as e:
+        raise TfparError(f"Config.tiling: {e}") from None
 
 
 def _measure(meta, analysis, config: Config, layout):
@@ -137,8 +147,9 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
         from tfpar.cluster import get_cluster  # only PS jobs start servers
         cluster = get_cluster(layout, live, session_config, config.interface)
     try:
-        ps = rewrite(rewritten, plan, rank,
-                     f"tfpar/r{cluster.next_generation()}" if cluster else None).ps
+        done = rewrite(rewritten, plan, rank,
+                       f"tfpar/r{cluster.next_generation()}" if cluster else None)
+        ps, tiled = done.ps, done.tiled
         init = runtime.init_op(rewritten)
         broadcast = runtime.broadcast_op(rewritten)
         session = tf.compat.v1.Session(
@@ -165,7 +176,8 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
     assigner = checkpoint.Assigner(rewritten, local, ps.parts if ps is not None else {})
     return Runner(session, rewritten, plan, rank, hvd.size(), source, ps, trial=trial,
                   broadcast=broadcast, entries=entries, assigner=assigner,
-                  liveness=live if hvd.size() > 1 else None)
+                  liveness=live if hvd.size() > 1 else None,
+                  tiles=tiled.tiles if tiled is not None else None)
 
 
 def _reason(e: BaseException) -> str:
@@ -181,7 +193,7 @@ class Runner:
 
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
                  source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
-                 broadcast=None, entries=(), assigner=None, liveness=None):
+                 broadcast=None, entries=(), assigner=None, liveness=None, tiles=None):
         self._session = session
         self._liveness = liveness
         # What makes a run a training step (it waits for the other workers): a Horovod
@@ -206,6 +218,7 @@ class Runner:
         self._source = source_graph
         self._reads: Dict[str, tf.Tensor] = dict(ps.reads) if ps is not None else {}
         self._saves = 0
+        self._tiles = dict(tiles or {})
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
     num_workers = property(lambda self: self._num_workers, doc="How many workers the job has.")
@@ -240,6 +253,7 @@ class Runner:
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
+        self._refuse_tiled("Runner.save")
         if not self.is_chief:
             return None
         folder = os.path.dirname(os.path.abspath(path))
@@ -268,6 +282,7 @@ class Runner:
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
+        self._refuse_tiled("Runner.restore")
         entries = self._entries
         if variables is not None:
             wanted = set(variables)
@@ -351,6 +366,20 @@ class Runner:
         everyone = [json.loads(s) for s in runtime.allgather_strings(json.dumps(mine))]
         return {k: sum(d[k] for d in everyone) / len(everyone) for k in names}
 
+    def tiles(self) -> Dict[str, dict]:
+        """This worker's tiles of the variables split over the workers (Config.tiling):
+        {variable name: {"value": its tile, "tiling": the tiling, "box": [[start, stop],
+        ...] of the whole variable it holds}}."""
+        if self._session is None:
+            raise TfparError("this tfpar Runner is closed")
+        out = {}
+        for name, var in sorted(self._tiles.items()):
+            v = self._plan.variable(name)
+            value = self._session.run(var.value())
+            out[name] = {"value": value, "tiling": str(v.tiling),
+                         "box": [list(b) for b in v.tiling.tile_ranges(v.shape, self._worker_id)]}
+        return out
+
     def ps_pushes(self) -> Dict[str, int]:
         """{"variable/part_k": pushes its parameter server received so far} (PS jobs)."""
         if self._ps is None:
@@ -414,8 +443,19 @@ class Runner:
             raise TfparError(f"{x.name!r} belongs to another graph than the one given to "
                              "tfpar.get_runner")
 
+    def _refuse_tiled(self, what: str):
+        tiled = [v.name for v in self._plan.variables if v.route == "tiled"]
+        if tiled:
+            raise NotYetSupportedError(
+                f"{what}: {tiled} are split over the workers (Config.tiling); checkpoints "
+                "of split variables are not supported yet (nothing was written or read)")
+
     def _read(self, var_name: str) -> tf.Tensor:
         """The value of a variable of the rewritten graph (made once, then reused)."""
+        if any(v.name == var_name and v.route == "tiled" for v in self._plan.variables):
+            raise NotYetSupportedError(
+                f"{var_name!r} is split over the workers (Config.tiling): each holds only its "
+                "tile, and fetching the whole variable is not supported yet")
         if var_name not in self._reads:
             try:
                 op = self._graph.get_operation_by_name(var_name)

@@ -82,6 +82,9 @@ def broadcast_op(graph: tf.Graph, root_rank: int = 0):
 
 def init_op(graph: tf.Graph):
     with graph.as_default(), tf.compat.v1.name_scope("tfpar/init"):
+        # Tiles of split variables (collection "tfpar_tiles") are set from worker 0's
+        # whole initial value as they are made; the broadcast leaves them alone.
         return tf.group(tf.compat.v1.global_variables_initializer(),
                         tf.compat.v1.local_variables_initializer(),
+                        tf.compat.v1.variables_initializer(graph.get_collection("tfpar_tiles")),
                         tf.compat.v1.tables_initializer())

@@ -50,6 +50,20 @@ def run_exchange(x: tf.Tensor, ex: Exchange, rank: int, counter=None,
         return apply(x)
 
 
+def never_folded(x: tf.Tensor) -> tf.Tensor:
+    """`x`, bit for bit, as a tensor TensorFlow's constant folding never evaluates.
+
+    Horovod's ops are not marked stateful, so constant folding runs one whose inputs are
+    all constants (a worker that sends nothing, a broadcast of a constant initial value)
+    while it optimises the graph, on that worker alone, and the job hangs. Appending an
+    empty piece cut from a stateful op (the clock) makes the input a computed tensor.
+    """
+    empty = tf.cast(tf.reshape(tf.timestamp(), [1])[:0], x.dtype)
+    flat = tf.concat([tf.reshape(x, [-1]), empty], 0)
+    shape = x.shape.as_list() if x.shape.is_fully_defined() else tf.shape(x)
+    return tf.reshape(flat, shape)
+
+
 def _move(x: tf.Tensor, ex: Exchange, rank: int, counter, name: str) -> tf.Tensor:
     """The transfers of `ex` seen from `rank`: send pieces, receive, add into place."""
     import horovod.tensorflow as hvd
@@ -68,12 +82,7 @@ def _move(x: tf.Tensor, ex: Exchange, rank: int, counter, name: str) -> tf.Tenso
         for t in sends:
             flat.append(tf.reshape(_slice(x, t.src_box), [-1]))
             splits[t.dst] += t.size
-        # Horovod's ops are not marked stateful, so TensorFlow's constant folding runs
-        # one whose inputs are all constants (say, a worker that sends nothing) while it
-        # optimises the graph, on that worker alone, and the job hangs. An empty piece
-        # cut from a stateful op (the clock) is never folded and sends nothing.
-        never_folded = tf.cast(tf.reshape(tf.timestamp(), [1])[:0], x.dtype)
-        payload = tf.concat(flat + [never_folded], 0)
+        payload = never_folded(tf.concat(flat, 0) if flat else tf.zeros([0], x.dtype))
         got, got_splits = hvd.alltoall(payload, splits=tf.constant(splits, tf.int32),
                                        name=f"{name}_alltoall")
         if counter is not None:  # what arrived, as Horovod reports it, and the prediction

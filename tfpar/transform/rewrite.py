@@ -11,19 +11,21 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tfpar.errors import NotYetSupportedError
 from tfpar.plan import Plan
 from tfpar.transform import surgery
 from tfpar.transform.allreduce import apply_allreduce
 from tfpar.transform.parameter_server import PsRewrite, apply_parameter_server, worker_device
+from tfpar.transform.tiled import TiledRewrite, apply_tiling
 from tfpar.transform.traffic import Traffic
 
 
 @dataclasses.dataclass
 class Rewritten:
-    """What the rewrite added that the runner drives: the PS side (None without servers)."""
+    """What the rewrite added that the runner drives: the PS side (None without servers)
+    and the tiles of split variables (None without)."""
 
     ps: Optional[PsRewrite]
+    tiled: Optional[TiledRewrite] = None
 
 
 def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = None
@@ -34,26 +36,23 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     (runners of one job that follow each other use different ones); ops are then pinned
     to this worker's task of the cluster.
     """
-    tiled = [v.name for v in plan.variables if v.route == "tiled"]
-    if tiled:
-        raise NotYetSupportedError(
-            f"the plan splits {tiled} over devices (route 'tiled'): executing tiling plans "
-            "is not supported yet; plan them with `tfpar plan --tiling`, and train with "
-            "the data-parallel routes")
     distributed = ps_prefix is not None
     traffic = Traffic(graph, worker_device(rank) if distributed else "")
+    tiled = apply_tiling(graph, plan, rank, traffic.counter("tiled"))
     ps = apply_parameter_server(graph, plan, rank, traffic, ps_prefix) if distributed else None
     apply_allreduce(graph, plan, traffic)
-    _count_steps(graph, plan, ps, traffic.build())
+    _count_steps(graph, plan, ps, traffic.build(), tiled)
     if distributed:
         _pin_to_worker(graph, rank)
-    return Rewritten(ps)
+    return Rewritten(ps, tiled)
 
 
-def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation):
+def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation, tiled=None):
     """Makes every training step also run the traffic counters' update."""
     if ps is not None:
         surgery.add_control_inputs(ps.step, [traffic_step])
+    for update in (tiled.updates if tiled is not None else ()):
+        surgery.add_control_inputs(update, [traffic_step])
     for v in plan.variables:
         if v.route in ("allreduce", "allgather"):
             for g in v.gradients:

@@ -10,7 +10,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-PATHS = ("allreduce", "allgather", "ps_push", "ps_pull")
+PATHS = ("allreduce", "allgather", "ps_push", "ps_pull", "tiled")
 SCOPE = "tfpar/traffic/"
 
 
@@ -32,6 +32,15 @@ class Traffic:
             bump = self._var(path).assign_add(tf.cast(nbytes, tf.float64), read_value=False)
             with tf.control_dependencies([bump]):
                 return tf.identity(tensor)
+
+    def counter(self, path: str):
+        """A `collectives` counter: each exchange adds the bytes its worker received, as
+        Horovod reports them, doubled (sent plus received: a worker sends what the others
+        receive from it, the same on average)."""
+        def count(received: tf.Tensor, predicted: float) -> tf.Operation:
+            with self.graph.as_default(), tf.device(self.device):
+                return self._var(path).assign_add(2.0 * received, read_value=False)
+        return count
 
     def build(self) -> tf.Operation:
         """The op that adds one step's bytes (and 1 to the step count) to the counters."""

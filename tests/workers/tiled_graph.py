@@ -1,0 +1,71 @@
+"""A horovodrun worker: an ordinary tf.compat.v1.layers MLP trained through
+tfpar.get_runner with Config(tiling=...), weights split over the workers by the rewrite.
+
+usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling":
+{variable: tiling}, "optimizer"}], "sizes", "global_batch", "steps"}. Saves per scenario
+this worker's tiles (with the boxes they hold) and every other variable's value.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from examples.split_mlp import initial, optimizer
+
+tf.compat.v1.disable_eager_execution()
+tf1 = tf.compat.v1
+
+
+def build(sizes, values, opt_name, batch):
+    """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [batch, sizes[0]], name="x")
+        t = tf1.placeholder(tf.float32, [batch, sizes[-1]], name="targets")
+        h = x
+        for i in range(1, len(sizes)):
+            h = tf1.layers.dense(
+                h, sizes[i], activation=tf.nn.relu if i < len(sizes) - 1 else None,
+                kernel_initializer=tf1.constant_initializer(values[f"W{i}"]),
+                bias_initializer=tf1.constant_initializer(values[f"b{i}"]))
+        loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
+        opt = optimizer(opt_name)
+        train = opt.minimize(loss, name="train")
+    return g, x, t, train, opt
+
+
+def main(spec_path, out_dir):
+    import tfpar
+    with open(spec_path) as f:
+        spec = json.load(f)
+    sizes, gb = spec["sizes"], spec["global_batch"]
+    for sc in spec["scenarios"]:
+        import horovod.tensorflow as hvd
+        hvd.init()
+        n, rank = hvd.size(), hvd.rank()
+        b = gb // n
+        values, batches = initial(sizes, gb, spec["steps"])
+        g, x, t, train, _ = build(sizes, values, sc["optimizer"], b)
+        out = {}
+        with tfpar.get_runner(g, config=tfpar.Config(tiling=sc["tiling"])) as runner:
+            for xs, ts in batches:
+                runner.run(train, {x: xs[rank * b:(rank + 1) * b],
+                                   t: ts[rank * b:(rank + 1) * b]})
+            for name, tile in runner.tiles().items():
+                out[f"tile/{name}"] = tile["value"]
+                out[f"box/{name}"] = np.array(tile["box"])
+            with g.as_default():
+                rest = [v for v in tf1.global_variables() if v.op.name not in runner.tiles()]
+            for v, value in zip(rest, runner.run(rest)):
+                out[f"var/{v.op.name}"] = value
+            comm = runner.communication()
+            out["__tiled_bytes_per_step"] = np.array(comm["tiled"] / max(comm["steps"], 1))
+        folder = os.path.join(out_dir, sc["name"])
+        os.makedirs(folder, exist_ok=True)
+        np.savez(os.path.join(folder, f"rank{rank}.npz"), **out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

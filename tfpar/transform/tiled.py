@@ -1,0 +1,211 @@
+"""The tiled rewrite: dense layers whose weights the plan splits run on tiles (route "tiled").
+
+For every weight with route "tiled" the user's graph has a forward `MatMul(x, W)`,
+perhaps a bias added to it (a bias variable, tiled or not), TensorFlow's backward of
+both, and the optimizer's update of W and its slots. The rewrite, per layer:
+
+- makes each worker's tile of W and of its slots variables of their own (initial values:
+  worker 0's whole initial value, sliced), in collection `TILES`, so they are neither
+  broadcast nor saved as whole variables;
+- computes the layer on tiles (`tiles.dense`, exact-adjoint collectives), from the
+  worker's own rows x to its own rows of the output, and makes the layer's consumers
+  read that;
+- takes the backward from TensorFlow's gradient of the tiled layer, seeded with the
+  gradient the user's graph computes for the layer's output, and makes the user's
+  backward read the new gradient of x;
+- updates the tiles with copies of the user's own update ops (same optimizer, same
+  hyper-parameters), which replace the originals in the training step.
+
+The boundary of every layer is the batch split (each worker's own rows), so layers that
+tfpar does not split, and the loss, see the tensors they saw. Not yet: chains kept in one
+tiling across layers, post-processed gradients of a tiled weight (clipping), weights read
+by more than one matmul.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from tfpar.errors import NotYetSupportedError, TfparError
+from tfpar.partition.tiling.cuts import Cut, Tiling
+from tfpar.plan import Plan, VariablePlan
+from tfpar.transform import collectives, surgery, tiles
+from tfpar.transform.naming import safe_name
+
+TILES = "tfpar_tiles"  # the collection of the tile variables
+
+
+@dataclasses.dataclass
+class TiledRewrite:
+    """What the rewrite made: {variable name: its tile variable}, the new update ops."""
+
+    tiles: Dict[str, tf.Variable]
+    updates: List[tf.Operation]
+
+
+def _reads(var_op: tf.Operation) -> List[tf.Tensor]:
+    out = []
+    for c in var_op.outputs[0].consumers():
+        if c.type == "Identity" or c.type == "ReadVariableOp":
+            out.append(c.outputs[0])
+    return out
+
+
+def _initial_value(var_op: tf.Operation) -> tf.Tensor:
+    for c in var_op.outputs[0].consumers():
+        if c.type in ("Assign", "AssignVariableOp") and c.name == var_op.name + "/Assign":
+            return c.inputs[1]
+    raise NotYetSupportedError(f"cannot find the initial value of {var_op.name!r} (its "
+                               f"'{var_op.name}/Assign'), which tiling needs")
+
+
+def _new_tile(graph, var_op, tiling, shape, rank, name):
+    """A variable holding this worker's tile of `var_op`, from worker 0's initial value."""
+    import horovod.tensorflow as hvd
+    box = tiling.tile_ranges(shape, rank)
+    with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
+        whole = hvd.broadcast(collectives.never_folded(_initial_value(var_op)), 0,
+                              name=f"{name}/initial")
+        value = whole[tuple(slice(lo, hi) for lo, hi in box)]
+        return tf.compat.v1.Variable(value, name=name, trainable=False, collections=[TILES],
+                                     use_resource=var_op.type == "VarHandleOp")
+
+
+def apply_tiling(graph: tf.Graph, plan: Plan, rank: int, counter=None) -> Optional[TiledRewrite]:
+    """Rewrites `graph` in place for the plan's route "tiled" (module doc)."""
+    weights = [v for v in plan.variables if v.route == "tiled" and v.slot_of is None
+               and len(v.shape) == 2]
+    if not weights:
+        return None
+    n = plan.num_workers
+    by_name = {v.name: v for v in plan.variables}
+    made: Dict[str, tf.Variable] = {}
+    updates: List[tf.Operation] = []
+    with graph.as_default():
+        for w in weights:
+            if w.tiling.devices != n:
+                raise TfparError(f"the plan splits {w.name!r} over {w.tiling.devices} devices "
+                                 f"({w.tiling}), but the job has {n} workers: plan for {n}")
+            _rewrite_layer(graph, plan, w, by_name, rank, n, counter, made, updates)
+        _forget_whole(graph, made)
+    return TiledRewrite(made, updates)
+
+
+def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made, updates):
+    w_op = graph.get_operation_by_name(w.name)
+    shape = tuple(w.shape)
+    forward = [c for r in _reads(w_op) for c in r.consumers()
+               if c.type == "MatMul" and c.inputs[1] is r and not c.get_attr("transpose_b")
+               and not c.get_attr("transpose_a")]
+    if len(forward) != 1:
+        raise NotYetSupportedError(
+            f"tiling {w.name!r}: it must be the second operand of exactly one matmul x @ W, "
+            f"found {len(forward)}; leave it out of Config.tiling")
+    matmul = forward[0]
+    x = matmul.inputs[0]
+    batch = x.shape.as_list()[0]
+    if batch is None:
+        raise TfparError(f"tiling {w.name!r}: its input {x.name} needs a static batch size "
+                         "(give the placeholder or dataset a fixed batch)")
+    if not w.gradients or w.gradients[0].post_processed:
+        raise NotYetSupportedError(f"tiling {w.name!r}: its gradient is post-processed "
+                                   "(clipping, scaling) before the update; not yet supported")
+    raw = graph.get_tensor_by_name(w.gradients[0].values)
+    while raw.op.type == "Identity":  # gate_gradients' tuple (control_dependency)
+        raw = raw.op.inputs[0]
+    if not (raw.op.type == "MatMul" and raw.op.get_attr("transpose_a") and raw.op.inputs[0] is x):
+        raise NotYetSupportedError(f"tiling {w.name!r}: its gradient is not TensorFlow's "
+                                   f"x^T dY ({raw.op.type} {raw.name})")
+    dy = raw.op.inputs[1]
+    dx_old = [c.outputs[0] for c in dy.consumers() if c.type == "MatMul"
+              and c.get_attr("transpose_b") and c.inputs[1] in _reads(w_op)]
+
+    # A bias added to the product, if its variable is in the plan.
+    out_old, bias = matmul.outputs[0], None
+    adds = [c for c in out_old.consumers() if c.type in ("BiasAdd", "AddV2", "Add")]
+    for add in adds:
+        other = add.inputs[1] if add.inputs[0] is out_old else add.inputs[0]
+        source = other.op.inputs[0].op if other.op.type in ("Identity", "ReadVariableOp") \
+            else None
+        # A tiled bias joins the layer; any other stays where it was, added to the
+        # layer's (batch-split) output by the user's own op.
+        if (source is not None and source.name in by_name
+                and by_name[source.name].route == "tiled" and len(by_name[source.name].shape) == 1):
+            bias, out_old = by_name[source.name], add.outputs[0]
+            break
+    cuts = [c.parts for c in w.tiling.cuts]
+    rows = tiles.batch_split(cuts)
+    global_batch = batch * n
+    scale = 1.0 / n if w.reduction != "sum" else 1.0
+    scope = f"tfpar/tiled/{safe_name(w.name)}"
+    with tf.compat.v1.name_scope(scope + "/"):
+        w_tile = _new_tile(graph, w_op, w.tiling, shape, rank, f"{scope}/tile")
+        made[w.name] = w_tile
+        w_read = w_tile.value() if hasattr(w_tile, "value") else tf.identity(w_tile)
+        w_used = tiles.replicated(w_read, w.tiling, shape, rank, scale, counter, "W")
+        b_read = b_used = b_tiling = None
+        if bias is not None:
+            b_tiling = bias.tiling
+            b_var = _new_tile(graph, graph.get_operation_by_name(bias.name), b_tiling,
+                              tuple(bias.shape), rank, f"{scope}/bias_tile")
+            made[bias.name] = b_var
+            b_read = b_var.value()
+            b_used = tiles.replicated(b_read, b_tiling, tuple(bias.shape), rank, scale,
+                                      counter, "b")
+        y = tiles.dense(x, rows, global_batch, w_used, w.tiling, shape, rows, rank, b_used,
+                        b_tiling, counter, name="layer")
+        surgery.replace_uses(out_old, y)
+        wrt = [x, w_read] + ([b_read] if b_read is not None else [])
+        grads = tf.gradients(y, wrt, grad_ys=dy)
+    if dx_old and grads[0] is not None:
+        surgery.replace_uses(dx_old[0], grads[0])
+    _replace_update(graph, w, w_op, w_tile, grads[1], by_name, rank, scope, made, updates)
+    if bias is not None:
+        _replace_update(graph, bias, graph.get_operation_by_name(bias.name), made[bias.name],
+                        grads[2], by_name, rank, scope + "/bias", made, updates)
+
+
+def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, scope, made,
+                    updates):
+    """A copy of the user's update of `v` on its tile, its slots' tiles and `grad`."""
+    raw = graph.get_tensor_by_name(v.gradients[0].values)
+    if v.gradients[0].post_processed:
+        raise NotYetSupportedError(f"tiling {v.name!r}: its gradient is post-processed "
+                                   "before the update; not yet supported")
+    apply = [c for c in raw.consumers() if c.name in v.gradients[0].ops]
+    if len(apply) != 1:
+        raise NotYetSupportedError(f"tiling {v.name!r}: expected one update op reading its "
+                                   f"gradient, found {[c.name for c in apply]}")
+    apply = apply[0]
+    inputs = {var_op.outputs[0]: tile.handle if var_op.type == "VarHandleOp"
+              else tile._ref(),  # pylint: disable=protected-access
+              raw: grad}
+    for t in apply.inputs:
+        slot = t.op
+        if slot is var_op or slot.type not in ("VariableV2", "VarHandleOp"):
+            continue
+        plan_slot = by_name.get(slot.name)
+        if plan_slot is None or plan_slot.slot_of != v.name:
+            continue  # shared optimizer state (Adam's beta powers)
+        slot_tile = _new_tile(graph, slot, v.tiling, tuple(v.shape), rank,
+                              f"{scope}/{safe_name(slot.name.rsplit('/', 1)[-1])}_tile")
+        made[slot.name] = slot_tile
+        inputs[slot.outputs[0]] = (slot_tile.handle if slot.type == "VarHandleOp"
+                                   else slot_tile._ref())  # pylint: disable=protected-access
+    new = surgery.clone_ops([apply], inputs, f"{scope}/update/",
+                            lambda op, ins: op.device)[apply]
+    for op in graph.get_operations():
+        if apply in op.control_inputs:
+            surgery.replace_control_inputs(op, [apply], new)
+    updates.append(new)
+
+
+def _forget_whole(graph: tf.Graph, made: Dict[str, tf.Variable]):
+    """The whole variables that tiles replace leave the collections (not initialised,
+    broadcast or trained; their memory is never allocated)."""
+    for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+                tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
+        ref = graph.get_collection_ref(key)
+        ref[:] = [v for v in ref if v.op.name not in made]
