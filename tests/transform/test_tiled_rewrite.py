@@ -3,6 +3,7 @@
 single-device training on the concatenated batch (fp32, rtol 1e-5, atol 1e-6); each
 worker holds only its tiles; the split layers' bytes are counted; bad plans are refused.
 """
+import json
 import os
 
 import numpy as np
@@ -27,13 +28,18 @@ def scenarios(n):
                               "dense_1/bias": rep},
         "kernels only": {"dense/kernel": r, "dense_1/kernel": c},
     }
-    return [{"name": f"{label}_{opt}".replace(" ", "_"), "tiling": tiling, "optimizer": opt}
-            for label, tiling in plans.items() for opt in ("sgd", "momentum", "adam")]
+    out = [{"name": f"{label}_{opt}".replace(" ", "_"), "tiling": tiling, "optimizer": opt}
+           for label, tiling in plans.items() for opt in ("sgd", "momentum", "adam")]
+    # One plan, three routes: an embedding on the parameter servers (HYBRID), split dense
+    # weights, and the rest allreduced.
+    out += [{"name": f"hybrid_embedding_{opt}", "tiling": plans["columns then rows"],
+             "optimizer": opt, "embedding": True} for opt in ("sgd", "adam")]
+    return out
 
 
-def single_device(opt_name):
+def single_device(opt_name, embedding=False):
     values, batches = initial(SIZES, GLOBAL_BATCH, STEPS)
-    g, x, t, train, opt = build(SIZES, values, opt_name, GLOBAL_BATCH)
+    g, x, t, train, opt = build(SIZES, values, opt_name, GLOBAL_BATCH, embedding)
     with tf.compat.v1.Session(graph=g) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for xs, ts in batches:
@@ -57,7 +63,11 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
     n, out = job
     for sc in scenarios(n):
         ranks = [np.load(os.path.join(out, sc["name"], f"rank{r}.npz")) for r in range(n)]
-        expected = single_device(sc["optimizer"])
+        expected = single_device(sc["optimizer"], sc.get("embedding", False))
+        routes = json.loads(str(ranks[0]["__routes"]))
+        assert all(routes[name] == "tiled" for name in sc["tiling"])
+        if sc.get("embedding"):  # the embedding really is on the parameter servers
+            assert routes["embedding"] == "ps"
         split = {k[len("tile/"):] for k in ranks[0].files if k.startswith("tile/")}
         # Every tiled variable and its slots are held as tiles, and only as tiles.
         for name in sc["tiling"]:

@@ -18,13 +18,23 @@ tf.compat.v1.disable_eager_execution()
 tf1 = tf.compat.v1
 
 
-def build(sizes, values, opt_name, batch):
-    """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss."""
+VOCAB = 40
+
+
+def build(sizes, values, opt_name, batch, embedding=False):
+    """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss.
+    With `embedding`, the input is the sum of x and rows of an embedding looked up by
+    ids (a sparse gradient: HYBRID keeps it on the parameter servers)."""
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [batch, sizes[0]], name="x")
         t = tf1.placeholder(tf.float32, [batch, sizes[-1]], name="targets")
         h = x
+        if embedding:
+            table = tf1.get_variable("embedding", initializer=np.random.default_rng(5)
+                                     .standard_normal((VOCAB, sizes[0])).astype(np.float32))
+            ids = tf.cast(tf.math.floormod(tf.abs(x[:, 0]) * 1000.0, VOCAB), tf.int32)
+            h = x + tf.nn.embedding_lookup(table, ids)
         for i in range(1, len(sizes)):
             h = tf1.layers.dense(
                 h, sizes[i], activation=tf.nn.relu if i < len(sizes) - 1 else None,
@@ -47,7 +57,7 @@ def main(spec_path, out_dir):
         n, rank = hvd.size(), hvd.rank()
         b = gb // n
         values, batches = initial(sizes, gb, spec["steps"])
-        g, x, t, train, _ = build(sizes, values, sc["optimizer"], b)
+        g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False))
         out = {}
         with tfpar.get_runner(g, config=tfpar.Config(tiling=sc["tiling"])) as runner:
             for xs, ts in batches:
@@ -60,6 +70,7 @@ def main(spec_path, out_dir):
                 rest = [v for v in tf1.global_variables() if v.op.name not in runner.tiles()]
             for v, value in zip(rest, runner.run(rest)):
                 out[f"var/{v.op.name}"] = value
+            out["__routes"] = np.array(json.dumps({v.name: v.route for v in runner.plan.variables}))
             comm = runner.communication()
             out["__tiled_bytes_per_step"] = np.array(comm["tiled"] / max(comm["steps"], 1))
         folder = os.path.join(out_dir, sc["name"])
