@@ -15,11 +15,10 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfpar.launch import horovodrun_command  # noqa: E402
+from tfpar.launch import run_for_json  # noqa: E402
 from scripts.report import invocation  # noqa: E402
 
 SYSTEMS = ("tfpar", "horovod")
@@ -61,19 +60,11 @@ def worker(system, steps, warmup, batch, hidden, out):
 
 
 def run_job(cluster, system, hosts, args):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        cmd, env = horovodrun_command(
-            2 * hosts, [os.path.abspath(__file__), "--worker", system, "--steps",
-                        str(args.steps), "--warmup", str(args.warmup), "--batch",
-                        str(args.batch), "--hidden", *map(str, args.hidden), "--out", out],
-            cluster.hosts_arg(2, hosts), cluster, REPO, log_level="3")
-        proc = subprocess.run(cmd, env=env, cwd=REPO, timeout=args.timeout,
-                              capture_output=True, text=True)
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"{system} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        with open(out) as f:
-            return json.load(f)
+    return run_for_json(
+        2 * hosts, [os.path.abspath(__file__), "--worker", system, "--steps", str(args.steps),
+                    "--warmup", str(args.warmup), "--batch", str(args.batch), "--hidden",
+                    *map(str, args.hidden)],
+        system, cluster.hosts_arg(2, hosts), cluster, REPO, args.timeout)
 
 
 def main():

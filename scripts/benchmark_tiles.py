@@ -17,13 +17,11 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfpar.launch import horovodrun_command  # noqa: E402
+from tfpar.launch import run_for_json  # noqa: E402
 from scripts.report import invocation  # noqa: E402
 
 MODELS = {
@@ -96,18 +94,10 @@ def tfpar_gather(row):
 
 
 def run_job(model, system, n, args):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        cmd, env = horovodrun_command(
-            n, [os.path.abspath(__file__), "--worker", system, "--model", model, "--steps",
-                str(args.steps), "--warmup", str(args.warmup), "--out", out],
-            repo=REPO, log_level="3")
-        proc = subprocess.run(cmd, env=env, cwd=REPO, timeout=args.timeout,
-                              capture_output=True, text=True)
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"{model}, {system} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        with open(out) as f:
-            return json.load(f)
+    return run_for_json(
+        n, [os.path.abspath(__file__), "--worker", system, "--model", model, "--steps",
+            str(args.steps), "--warmup", str(args.warmup)],
+        f"{model}, {system}", repo=REPO, timeout=args.timeout)
 
 
 def summarise(result):

@@ -34,3 +34,23 @@ def horovodrun_command(np_: int, argv: Sequence[str], hosts: Optional[str] = Non
         full["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
     full.update(env or {})
     return cmd, full
+
+
+def run_for_json(np_: int, argv: Sequence[str], what: str, hosts: Optional[str] = None,
+                 cluster=None, repo: Optional[str] = None, timeout: float = 600) -> dict:
+    """Runs `python argv... --out PATH` as `np_` workers (as `horovodrun_command`) and
+    returns the JSON its worker wrote to PATH; a failed job raises with its output's tail,
+    `what` naming it."""
+    import json
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        cmd, env = horovodrun_command(np_, [*argv, "--out", out], hosts, cluster, repo,
+                                      log_level="3")
+        proc = subprocess.run(cmd, env=env, cwd=repo, timeout=timeout, capture_output=True,
+                              text=True)
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"{what} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
