@@ -34,12 +34,15 @@ def scenarios(n):
     # weights, and the rest allreduced.
     out += [{"name": f"hybrid_embedding_{opt}", "tiling": plans["columns then rows"],
              "optimizer": opt, "embedding": True} for opt in ("sgd", "adam")]
+    # TF1's reference variables (as under disable_v2_behavior).
+    out += [{"name": f"reference_variables_{opt}", "tiling": plans["columns then rows"],
+             "optimizer": opt, "resource": False} for opt in ("momentum", "adam")]
     return out
 
 
-def single_device(opt_name, embedding=False):
+def single_device(opt_name, embedding=False, resource=True):
     values, batches = initial(SIZES, GLOBAL_BATCH, STEPS)
-    g, x, t, train, opt = build(SIZES, values, opt_name, GLOBAL_BATCH, embedding)
+    g, x, t, train, opt = build(SIZES, values, opt_name, GLOBAL_BATCH, embedding, resource)
     with tf.compat.v1.Session(graph=g) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for xs, ts in batches:
@@ -63,7 +66,8 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
     n, out = job
     for sc in scenarios(n):
         ranks = [np.load(os.path.join(out, sc["name"], f"rank{r}.npz")) for r in range(n)]
-        expected = single_device(sc["optimizer"], sc.get("embedding", False))
+        expected = single_device(sc["optimizer"], sc.get("embedding", False),
+                                 sc.get("resource", True))
         routes = json.loads(str(ranks[0]["__routes"]))
         assert all(routes[name] == "tiled" for name in sc["tiling"])
         if sc.get("embedding"):  # the embedding really is on the parameter servers

@@ -21,12 +21,13 @@ tf1 = tf.compat.v1
 VOCAB = 40
 
 
-def build(sizes, values, opt_name, batch, embedding=False):
+def build(sizes, values, opt_name, batch, embedding=False, resource=True):
     """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss.
     With `embedding`, the input is the sum of x and rows of an embedding looked up by
-    ids (a sparse gradient: HYBRID keeps it on the parameter servers)."""
+    ids (a sparse gradient: HYBRID keeps it on the parameter servers). `resource`: False
+    for reference variables (TF1's, under disable_v2_behavior)."""
     g = tf.Graph()
-    with g.as_default():
+    with g.as_default(), tf1.variable_scope(tf1.get_variable_scope(), use_resource=resource):
         x = tf1.placeholder(tf.float32, [batch, sizes[0]], name="x")
         t = tf1.placeholder(tf.float32, [batch, sizes[-1]], name="targets")
         h = x
@@ -57,7 +58,8 @@ def main(spec_path, out_dir):
         n, rank = hvd.size(), hvd.rank()
         b = gb // n
         values, batches = initial(sizes, gb, spec["steps"])
-        g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False))
+        g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False),
+                                  sc.get("resource", True))
         out = {}
         with tfpar.get_runner(g, config=tfpar.Config(tiling=sc["tiling"])) as runner:
             for xs, ts in batches:

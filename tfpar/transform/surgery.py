@@ -107,6 +107,14 @@ def clone_ops(ops: Iterable[tf.Operation], inputs: Dict[tf.Tensor, tf.Tensor], s
     return copies
 
 
+def variable_input(var) -> tf.Tensor:
+    """What an update op reads to write `var`: a resource variable's handle, or a
+    reference variable's ref tensor (which only a private method returns)."""
+    if var.op.type == "VarHandleOp":
+        return var.handle
+    return var._ref()  # pylint: disable=protected-access
+
+
 def session_base() -> type:
     """TensorFlow's session interface, for a session-like wrapper that Saver accepts."""
     from tensorflow.python.client import session  # pylint: disable=import-outside-toplevel

@@ -160,7 +160,12 @@ def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made
         wrt = [x, w_read] + ([b_read] if b_read is not None else [])
         grads = tf.gradients(y, wrt, grad_ys=dy)
     if dx_old and grads[0] is not None:
-        surgery.replace_uses(dx_old[0], grads[0])
+        old = dx_old[0]
+        # Past gate_gradients' identity, whose control input would still run the old
+        # backward (and read the whole weight, which no longer exists).
+        while len(old.consumers()) == 1 and old.consumers()[0].type == "Identity":
+            old = old.consumers()[0].outputs[0]
+        surgery.replace_uses(old, grads[0])
     _replace_update(graph, w, w_op, w_tile, grads[1], by_name, rank, scope, made, updates)
     if bias is not None:
         _replace_update(graph, bias, graph.get_operation_by_name(bias.name), made[bias.name],
@@ -179,9 +184,7 @@ def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, s
         raise NotYetSupportedError(f"tiling {v.name!r}: expected one update op reading its "
                                    f"gradient, found {[c.name for c in apply]}")
     apply = apply[0]
-    inputs = {var_op.outputs[0]: tile.handle if var_op.type == "VarHandleOp"
-              else tile._ref(),  # pylint: disable=protected-access
-              raw: grad}
+    inputs = {var_op.outputs[0]: surgery.variable_input(tile), raw: grad}
     for t in apply.inputs:
         slot = t.op
         if slot is var_op or slot.type not in ("VariableV2", "VarHandleOp"):
@@ -192,8 +195,7 @@ def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, s
         slot_tile = _new_tile(graph, slot, v.tiling, tuple(v.shape), rank,
                               f"{scope}/{safe_name(slot.name.rsplit('/', 1)[-1])}_tile")
         made[slot.name] = slot_tile
-        inputs[slot.outputs[0]] = (slot_tile.handle if slot.type == "VarHandleOp"
-                                   else slot_tile._ref())  # pylint: disable=protected-access
+        inputs[slot.outputs[0]] = surgery.variable_input(slot_tile)
     new = surgery.clone_ops([apply], inputs, f"{scope}/update/",
                             lambda op, ins: op.device)[apply]
     for op in graph.get_operations():
