@@ -159,6 +159,11 @@ def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made
         surgery.replace_uses(out_old, y)
         wrt = [x, w_read] + ([b_read] if b_read is not None else [])
         grads = tf.gradients(y, wrt, grad_ys=dy)
+        # Gated as the optimizer's GATE_OP gates them: a reference variable's read aliases
+        # its buffer, so the in-place update of W must wait for dX = dY W^T.
+        present = [g for g in grads if g is not None]
+        gated = iter(tf.tuple(present, name="gate"))
+        grads = [next(gated) if g is not None else None for g in grads]
     if dx_old and grads[0] is not None:
         old = dx_old[0]
         # Past gate_gradients' identity, whose control input would still run the old
