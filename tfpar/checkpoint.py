@@ -133,13 +133,23 @@ def _local():
 
 
 class Assigner:
-    """Ops that set variables of a rewritten graph (replicated copies and PS parts) from
-    numpy values of the single-device variables, built once."""
+    """Ops that set variables of a rewritten graph (replicated copies, PS parts and the
+    tiles of split variables) from numpy values of the single-device variables, built once.
+
+    tiles: {variable name: a function from the whole value (read on worker 0 only) to
+    this worker's tile, and the tile variable}; their assign ops are collectives that
+    every worker runs (`tiled`)."""
 
     def __init__(self, graph: tf.Graph, local: Dict[str, tf.Variable],
-                 parts: Dict[str, List[Tuple[tf.Variable, int, Optional[int]]]]):
+                 parts: Dict[str, List[Tuple[tf.Variable, int, Optional[int]]]],
+                 tiles: Optional[Dict[str, Tuple[object, tf.Variable]]] = None):
         self._graph, self._local, self._parts = graph, local, parts
+        self._tiles = dict(tiles or {})
         self._ops: Dict[str, Tuple[tf.Tensor, tf.Operation]] = {}
+
+    def tiled(self, entries: Sequence[Entry]) -> List[Entry]:
+        """The entries held as tiles: every worker must run their assign ops together."""
+        return [e for e in entries if e.name in self._tiles]
 
     def assign_ops(self, entries: Sequence[Entry], values) -> Tuple[list, dict]:
         ops, feeds = [], {}
@@ -154,6 +164,9 @@ class Assigner:
     def _build(self, e: Entry):
         with self._graph.as_default(), tf.compat.v1.name_scope("tfpar/restore/"):
             ph = tf.compat.v1.placeholder(e.dtype, e.shape)
+            if e.name in self._tiles:
+                tile_of, var = self._tiles[e.name]
+                return ph, tf.compat.v1.assign(var, tile_of(ph)).op
             if e.name in self._parts:
                 assigns = []
                 for var, start, stop in self._parts[e.name]:

@@ -8,13 +8,14 @@ import os
 import re
 from typing import Dict, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tfpar import checkpoint, liveness, runtime
 from tfpar.partition import counts
 from tfpar.analysis import analyse
 from tfpar.config import Config
-from tfpar.errors import NotYetSupportedError, TfparError, summary
+from tfpar.errors import TfparError, summary
 from tfpar.plan import Plan
 from tfpar.density import measure_links, measure_rows
 from tfpar.planner import (aggregation_measured, decide_aggregation, density_candidates,
@@ -23,7 +24,9 @@ from tfpar.resources import parse_resources, reconcile
 from tfpar.sharding import with_shard_values
 from tfpar.transform import surgery
 from tfpar.transform.graph_copy import copy_graph, to_meta_graph
+from tfpar.transform.naming import safe_name
 from tfpar.transform.rewrite import rewrite
+from tfpar.transform.tiled import tile_of, whole
 from tfpar.transform.traffic import PATHS, counters
 
 log = logging.getLogger("tfpar")
@@ -173,11 +176,24 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
         raise
     local = {v.op.name: v for v in rewritten.get_collection(
         tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
-    assigner = checkpoint.Assigner(rewritten, local, ps.parts if ps is not None else {})
+    assigner = checkpoint.Assigner(rewritten, local, ps.parts if ps is not None else {},
+                                   _tile_setters(plan, tiled, rank))
     return Runner(session, rewritten, plan, rank, hvd.size(), source, ps, trial=trial,
                   broadcast=broadcast, entries=entries, assigner=assigner,
                   liveness=live if hvd.size() > 1 else None,
                   tiles=tiled.tiles if tiled is not None else None)
+
+
+def _tile_setters(plan: Plan, tiled, rank: int):
+    """{split variable: (whole value on worker 0 -> this worker's tile, tile variable)}."""
+    if tiled is None:
+        return {}
+    out = {}
+    for name, var in tiled.tiles.items():
+        v = plan.variable(name)
+        out[name] = (lambda value, v=v, name=name: tile_of(
+            value, v.tiling, v.shape, rank, f"tile_of_{safe_name(name)}"), var)
+    return out
 
 
 def _reason(e: BaseException) -> str:
@@ -249,11 +265,14 @@ class Runner:
         atomic (a killed save leaves the previous checkpoint readable) and only the newest
         `max_to_keep` checkpoints of the folder are kept (None: all). The step is the graph's
         global step unless given. Returns the prefix written; on other workers it writes
-        nothing and returns None.
+        nothing and returns None. A job with split variables (Config.tiling) saves each
+        whole, gathered from the workers' tiles: there every worker must call save.
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
-        self._refuse_tiled("Runner.save")
+        tiled = [e for e in self._entries if e.name in self._tiles]
+        gathered = dict(zip((e.name for e in tiled),
+                            self._session.run([self._read(e.name) for e in tiled])))
         if not self.is_chief:
             return None
         folder = os.path.dirname(os.path.abspath(path))
@@ -265,7 +284,11 @@ class Runner:
                            else self._saves)
         self._saves += 1
         prefix = f"{path}-{int(global_step)}"
-        values = self._session.run([self._read(e.name) for e in self._entries])
+        rest = [e for e in self._entries if e.name not in gathered]
+        values = dict(zip((e.name for e in rest),
+                          self._session.run([self._read(e.name) for e in rest])))
+        values = [gathered[e.name] if e.name in gathered else values[e.name]
+                  for e in self._entries]
         checkpoint.write(prefix, self._entries, values)
         checkpoint.record(prefix, max_to_keep)
         return prefix
@@ -282,7 +305,6 @@ class Runner:
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
-        self._refuse_tiled("Runner.restore")
         entries = self._entries
         if variables is not None:
             wanted = set(variables)
@@ -300,6 +322,11 @@ class Runner:
             raise TfparError(f"restore from {path!r} failed on the chief: {status}")
         if self.is_chief:
             ops, feeds = self._assigner.assign_ops(entries, values)
+        else:  # the tiles of split variables: each worker takes its tile of the chief's
+            tiled = self._assigner.tiled(entries)
+            ops, feeds = self._assigner.assign_ops(
+                tiled, [np.zeros(e.shape, e.dtype) for e in tiled])
+        if ops:
             self._session.run(ops, feeds)
         if self._broadcast is not None:
             self._session.run(self._broadcast)
@@ -443,19 +470,19 @@ class Runner:
             raise TfparError(f"{x.name!r} belongs to another graph than the one given to "
                              "tfpar.get_runner")
 
-    def _refuse_tiled(self, what: str):
-        tiled = [v.name for v in self._plan.variables if v.route == "tiled"]
-        if tiled:
-            raise NotYetSupportedError(
-                f"{what}: {tiled} are split over the workers (Config.tiling); checkpoints "
-                "of split variables are not supported yet (nothing was written or read)")
-
     def _read(self, var_name: str) -> tf.Tensor:
-        """The value of a variable of the rewritten graph (made once, then reused)."""
-        if any(v.name == var_name and v.route == "tiled" for v in self._plan.variables):
-            raise NotYetSupportedError(
-                f"{var_name!r} is split over the workers (Config.tiling): each holds only its "
-                "tile, and fetching the whole variable is not supported yet")
+        """The value of a variable of the rewritten graph (made once, then reused). A
+        variable split over the workers is gathered whole from their tiles: a collective,
+        so every worker must fetch it at the same point (as in a training step)."""
+        if var_name not in self._reads and var_name in self._tiles:
+            v = self._plan.variable(var_name)
+            with self._graph.as_default(), tf.compat.v1.name_scope("tfpar/read/"):
+                self._reads[var_name] = whole(self._tiles[var_name].value(), v.tiling,
+                                              v.shape, self._worker_id,
+                                              f"whole_{safe_name(var_name)}")
+            # Fetching it waits for the other workers: watched as a step is.
+            self._collective |= {op.name for op in self._graph.get_operations()
+                                 if op.type.startswith("Horovod")}
         if var_name not in self._reads:
             try:
                 op = self._graph.get_operation_by_name(var_name)
@@ -473,6 +500,7 @@ class Runner:
 
 
 _RESTORE_OP = re.compile(r"(^|/)save(_\d+)?/restore_all$")
+_SAVE_OP = re.compile(r"(^|/)save(_\d+)?/control_dependency(_\d+)?$")
 
 
 class _SessionView(surgery.session_base()):
@@ -491,6 +519,13 @@ class _SessionView(surgery.session_base()):
             path = path.decode() if isinstance(path, bytes) else str(path)
             self._runner.restore(path, self._restored_variables(name))
             return None
+        if (isinstance(name, str) and _SAVE_OP.search(name.split(":")[0])
+                and self._runner._tiles):
+            raise TfparError(
+                f"a tf.compat.v1.train.Saver cannot save this job's split variables "
+                f"{sorted(self._runner._tiles)} (Config.tiling): each worker holds only its "
+                "tiles. Use runner.save(path) on every worker: it writes the single-device "
+                "checkpoint, each variable whole (nothing was written)")
         try:
             return self._runner._session.run(fetches, feed_dict, options, run_metadata)
         except (KeyError, ValueError, TypeError) as e:

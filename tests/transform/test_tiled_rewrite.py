@@ -1,7 +1,9 @@
 """get_runner with Config(tiling=...): an ordinary tf.compat.v1.layers MLP, its weights
 (and the optimizer's slots) split over real workers by the rewrite, trains equal to
 single-device training on the concatenated batch (fp32, rtol 1e-5, atol 1e-6); each
-worker holds only its tiles; the split layers' bytes are counted; bad plans are refused.
+worker holds only its tiles; the split variables fetched whole and the checkpoint (saved,
+then restored over one more step) are the single-device model's; the split layers' bytes
+are counted; bad plans are refused.
 """
 import json
 import os
@@ -90,6 +92,18 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
                 got = ranks[0][f"var/{name}"]
             np.testing.assert_allclose(got, value, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{sc['name']}: {name}")
+            if name in split:  # fetched whole, on every worker
+                for data in ranks:
+                    np.testing.assert_array_equal(data[f"whole/{name}"], got)
+        # The checkpoint (written, then restored over one more step) is the single-device
+        # model's: every variable under its own name and whole shape.
+        reader = tf.train.load_checkpoint(os.path.join(out, sc["name"]))
+        assert "runner.save(path) on every worker" in str(ranks[0]["__saver_error"])
+        assert not any(f.startswith("by_saver") for f in os.listdir(os.path.join(out, sc["name"])))
+        assert set(reader.get_variable_to_shape_map()) == set(expected)
+        for name, value in expected.items():
+            np.testing.assert_allclose(reader.get_tensor(name), value, rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{sc['name']}: checkpoint {name}")
         assert float(ranks[0]["__tiled_bytes_per_step"]) > 0
 
 

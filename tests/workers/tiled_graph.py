@@ -3,7 +3,8 @@ tfpar.get_runner with Config(tiling=...), weights split over the workers by the 
 
 usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling":
 {variable: tiling}, "optimizer"}], "sizes", "global_batch", "steps"}. Saves per scenario
-this worker's tiles (with the boxes they hold) and every other variable's value.
+this worker's tiles (with the boxes they hold) and every other variable's value, and the
+split variables fetched whole; its checkpoint is the scenario's folder.
 """
 import json
 import os
@@ -60,11 +61,34 @@ def main(spec_path, out_dir):
         values, batches = initial(sizes, gb, spec["steps"])
         g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False),
                                   sc.get("resource", True))
+        with g.as_default():
+            saver = tf1.train.Saver()  # the user's own, as TF1 scripts build it
         out = {}
         with tfpar.get_runner(g, config=tfpar.Config(tiling=sc["tiling"])) as runner:
             for xs, ts in batches:
                 runner.run(train, {x: xs[rank * b:(rank + 1) * b],
                                    t: ts[rank * b:(rank + 1) * b]})
+            folder = os.path.join(out_dir, sc["name"])
+            os.makedirs(folder, exist_ok=True)
+            # The split variables fetched whole, then checkpointed whole (every worker
+            # calls both: they gather the tiles); one more step changes every tile, and
+            # restoring the checkpoint puts the saved values back.
+            with g.as_default():
+                split = [v for v in tf1.global_variables() if v.op.name in runner.tiles()]
+            for v, value in zip(split, runner.run(split)):
+                out[f"whole/{v.op.name}"] = value
+            runner.save(os.path.join(folder, "ckpt"))
+            xs, ts = batches[0]
+            runner.run(train, {x: xs[rank * b:(rank + 1) * b], t: ts[rank * b:(rank + 1) * b]})
+            if sc.get("resource", True):
+                runner.restore(folder)
+            else:  # through the user's Saver (it restores through the runner)
+                saver.restore(runner.session, tf.train.latest_checkpoint(folder))
+            try:  # the user's Saver cannot save tiles: a clear error, nothing written
+                saver.save(runner.session, os.path.join(folder, "by_saver"))
+                out["__saver_error"] = np.array("")
+            except tfpar.TfparError as e:
+                out["__saver_error"] = np.array(str(e))
             for name, tile in runner.tiles().items():
                 out[f"tile/{name}"] = tile["value"]
                 out[f"box/{name}"] = np.array(tile["box"])
@@ -75,8 +99,6 @@ def main(spec_path, out_dir):
             out["__routes"] = np.array(json.dumps({v.name: v.route for v in runner.plan.variables}))
             comm = runner.communication()
             out["__tiled_bytes_per_step"] = np.array(comm["tiled"] / max(comm["steps"], 1))
-        folder = os.path.join(out_dir, sc["name"])
-        os.makedirs(folder, exist_ok=True)
         np.savez(os.path.join(folder, f"rank{rank}.npz"), **out)
 
 

@@ -209,6 +209,21 @@ def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, s
     updates.append(new)
 
 
+def whole(tile: tf.Tensor, tiling: Tiling, shape, rank: int, name: str) -> tf.Tensor:
+    """The whole variable on every worker, put together from every worker's tile under
+    `tiling` (a collective: every worker must run it at the same point)."""
+    everywhere = Tiling(tuple(Cut(None, c.parts) for c in tiling.cuts))
+    return collectives.convert(tile, tiling, everywhere, tuple(shape), rank, None, name)
+
+
+def tile_of(value: tf.Tensor, tiling: Tiling, shape, rank: int, name: str) -> tf.Tensor:
+    """This worker's tile under `tiling` of worker 0's whole `value` (the others' `value`
+    is not read; a collective: every worker must run it at the same point)."""
+    value = collectives.broadcast(value, tuple(shape), tiling.devices, rank, 0, None, name)
+    box = tiling.tile_ranges(tuple(shape), rank)
+    return value[tuple(slice(lo, hi) for lo, hi in box)]
+
+
 def _forget_whole(graph: tf.Graph, made: Dict[str, tf.Variable]):
     """The whole variables that tiles replace leave the collections (not initialised,
     broadcast or trained; their memory is never allocated)."""
