@@ -62,7 +62,14 @@ class Config:
         `tfpar plan --tiling` prints them: R rows, C columns, r replicated, one letter
         per cut). Each listed weight (the W of one `x @ W`) is split over the workers and
         its layer runs on tiles with exact-adjoint collectives (`tfpar.transform.tiled`);
-        its optimizer slots are split with it, and a listed bias joins its layer.
+        its optimizer slots are split with it, and a listed bias joins its layer. Also:
+        "auto" (the tiling planner plans the graph for the job's devices; every dense
+        weight of at least `tiling_min_bytes` whose planned split moves fewer bytes per
+        step than its allreduce is split so), or the plan `tfpar plan --tiling --json`
+        printed (a `tfpar.Plan`, or the path of its JSON file; edit it freely), whose
+        "tiled" variables are split as it says. The runtime plan shows each split
+        weight's tiling, the tile each worker holds and the bytes its layer moves.
+      tiling_min_bytes: the smallest weight "auto" splits (default 1 MiB).
       search_trials, search_seconds: caps on the trials of one search and on its time.
       search_steps: (untimed, timed) training steps per trial.
       search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials
@@ -99,14 +106,14 @@ class Config:
     sparse_route: Union[str, Dict[str, str]] = "ps"
     density_steps: int = 3
     sync: bool = True
-    tiling: Optional[Dict[str, str]] = None
+    tiling: Union[None, str, Dict[str, str], "object"] = None
+    tiling_min_bytes: int = 1 << 20
 
     def __post_init__(self):
-        if self.tiling is not None:
+        if self.tiling is not None and not (isinstance(self.tiling, str)
+                                            and self.tiling == "auto"):
             from tfpar.partition.tiling.cuts import Tiling
-            if not isinstance(self.tiling, dict) or not self.tiling:
-                raise TfparError("Config.tiling must be None or a non-empty dict {variable "
-                                 f"name: tiling such as 'C'}}, got {self.tiling!r}")
+            self.tiling = _tiles_of(self.tiling)
             try:
                 for name, t in self.tiling.items():
                     Tiling.parse(t)
@@ -114,6 +121,10 @@ class Config:
                 raise TfparError(f"Config.tiling: {t!r} (for {name!r}) is not a tiling: one "
                                  "letter per cut, R rows, C columns, r replicated, e.g. 'C' "
                                  "or 'rC'") from None
+        if (isinstance(self.tiling_min_bytes, bool) or not isinstance(self.tiling_min_bytes, int)
+                or self.tiling_min_bytes < 0):
+            raise TfparError("Config.tiling_min_bytes must be a non-negative int (bytes), got "
+                             f"{self.tiling_min_bytes!r}")
         mode = str(self.run_mode).upper() if isinstance(self.run_mode, str) else self.run_mode
         if mode not in RUN_MODES:
             raise TfparError(
@@ -175,3 +186,33 @@ class Config:
         for name in ("average_dense", "average_sparse", "sync"):
             if not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+
+
+def _tiles_of(spec) -> Dict[str, str]:
+    """Config.tiling as {variable name: tiling}: from a dict, a tfpar.Plan, or the path
+    of a plan's JSON file (`tfpar plan --tiling --json`)."""
+    from tfpar.plan import Plan
+    source = spec
+    if isinstance(spec, str):
+        try:
+            with open(spec) as f:
+                spec = Plan.from_json(f.read())
+        except OSError as e:
+            raise TfparError(f"Config.tiling: {source!r} is neither 'auto' nor a readable plan "
+                             f"file ({e.strerror}); give 'auto', a dict {{variable: tiling}}, "
+                             "or the JSON of `tfpar plan --tiling --json`") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise TfparError(f"Config.tiling: {source!r} is not the JSON of a tfpar plan "
+                             f"({type(e).__name__}: {e}); write it with "
+                             "`tfpar plan --tiling --json`") from None
+    if isinstance(spec, Plan):
+        spec = {v.name: str(v.tiling) for v in spec.variables
+                if v.route == "tiled" and v.slot_of is None}
+        if not spec:
+            raise TfparError(f"Config.tiling: the plan {source if isinstance(source, str) else ''}"
+                             " splits no variable (no route 'tiled'): make it with "
+                             "`tfpar plan --tiling --json`")
+    if not isinstance(spec, dict) or not spec:
+        raise TfparError("Config.tiling must be None, 'auto', a plan, or a non-empty dict "
+                         f"{{variable name: tiling such as 'C'}}, got {spec!r}")
+    return {name: str(t) for name, t in spec.items()}

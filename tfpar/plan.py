@@ -53,7 +53,9 @@ class VariablePlan:
     servers; workers push gradients there and the chief applies the optimizer; optimizer
     slots follow their variable's parts), "replicated" (a copy on every worker, set equal
     at start by a broadcast from worker 0) or "tiled" (split over the devices by `tiling`,
-    the tiling planner's choice: model parallelism, planned but not yet executed).
+    a tiling the user or the tiling planner chose: model parallelism, each worker holding
+    its tile of the variable and of its slots; `predicted_bytes` of a split weight counts
+    its layer's exchanges, its bias's included).
     """
 
     name: str
@@ -147,6 +149,12 @@ class Plan:
                     if owner in chosen else v)
         return dataclasses.replace(self, variables=tuple(split(v) for v in self.variables))
 
+    def with_predicted(self, predicted: Dict[str, float]) -> "Plan":
+        """This plan with the predicted bytes per worker per step of these variables."""
+        return dataclasses.replace(self, variables=tuple(
+            dataclasses.replace(v, predicted_bytes=predicted[v.name]) if v.name in predicted
+            else v for v in self.variables))
+
     def variable(self, name: str) -> VariablePlan:
         for v in self.variables:
             if v.name == name:
@@ -156,8 +164,13 @@ class Plan:
     @property
     def predicted_bytes_per_step(self) -> Optional[float]:
         """Bytes one worker sends plus receives per step (None if a size is unknown)."""
-        # The tiling plan counts its bytes over all devices, whatever variable they serve.
-        total = self.tiling.total_bytes / self.tiling.devices if self.tiling else 0.0
+        tiled = [v for v in self.variables if v.route == "tiled"]
+        layers = [v.predicted_bytes for v in tiled if v.predicted_bytes is not None]
+        # Split layers count what the rewrite moves for them; without that (a plan printed
+        # before a job), the tiling planner's count over all devices.
+        total = float(sum(layers))
+        if tiled and not layers and self.tiling:
+            total += self.tiling.total_bytes / self.tiling.devices
         for v in self.variables:
             if v.route in ("replicated", "tiled") or not v.gradients:
                 continue
@@ -229,6 +242,14 @@ class Plan:
             if d.get("search"):
                 from tfpar.partition.counts.search import SearchResult
                 lines.append("  " + SearchResult.from_dict(d["search"]).describe())
+        split = [v for v in self.variables if v.route == "tiled" and v.slot_of is None]
+        if split:
+            lines.append("split variables (Config.tiling), the tile each worker holds:")
+            for v in split:
+                boxes = " ".join(
+                    f"w{d}[" + ",".join(f"{lo}:{hi}" for lo, hi in v.tiling.tile_ranges(v.shape, d))
+                    + "]" for d in range(v.tiling.devices))
+                lines.append(f"  {v.name} {v.tiling}: {boxes}")
         if self.tiling:
             lines.append(self.tiling.table())
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
@@ -255,6 +276,6 @@ def _fmt_parts(parts) -> str:
 def _fmt_bytes(b, route) -> str:
     if route == "replicated":
         return "-"
-    if route == "tiled":
-        return "see tiling"  # the tiling plan counts its bytes over all tensors
+    if route == "tiled" and b is None:
+        return "with its layer"  # a slot or bias: counted with its weight's layer
     return "?" if b is None else f"{b:,.0f}"

@@ -342,3 +342,46 @@ def _parts(analysis: GraphAnalysis, config: Config, on_ps, num_ps: int,
 def _itemsize(dtype: str) -> int:
     import tensorflow as tf
     return tf.as_dtype(dtype).size
+
+
+def auto_tiles(plan: Plan, planned, min_bytes: int, layer_bytes) -> Tuple[Plan, List[str]]:
+    """Config(tiling="auto"): `plan` with the dense weights the tiling planner split
+    (`planned`, a TilingPlan of the graph for the job's devices) split so where that pays.
+
+    A weight is split when it is a trained dense 2-D variable on allreduce of at least
+    `min_bytes`, the planner cut it (not replicated on every device), the rewrite can
+    execute its layer, and its layer moves fewer bytes per step than its allreduce
+    (`layer_bytes(plan split so) -> {weight: bytes}`, raising NotYetSupportedError for a
+    layer the rewrite cannot split). Returns the plan and why each candidate was not split.
+    """
+    why: List[str] = []
+    chosen = {}
+    for name, tiling in sorted(planned.placement.items()):
+        try:
+            v = plan.variable(name)
+        except KeyError:
+            continue
+        if v.route != "allreduce" or v.kind != "dense" or len(v.shape) != 2:
+            continue
+        if v.nbytes is None or v.nbytes < min_bytes:
+            why.append(f"tiling auto: {name} ({v.nbytes} B) is below tiling_min_bytes "
+                       f"({min_bytes} B): kept on allreduce")
+            continue
+        if not any(c.dim is not None for c in tiling.cuts):
+            why.append(f"tiling auto: the planner keeps {name} whole on every device")
+            continue
+        trial = plan.with_tiles({name: tiling})
+        try:
+            split_bytes = layer_bytes(trial)[name]
+        except NotYetSupportedError as e:
+            why.append(f"tiling auto: {name} kept on allreduce: {e}")
+            continue
+        if v.predicted_bytes is not None and split_bytes >= v.predicted_bytes:
+            why.append(f"tiling auto: {name} split {tiling} would move {split_bytes:,.0f} B "
+                       f"per step, its allreduce {v.predicted_bytes:,.0f} B: kept on allreduce")
+            continue
+        chosen[name] = tiling
+    if not chosen:
+        return plan, why
+    split = plan.with_tiles(chosen)
+    return split.with_predicted(layer_bytes(split)), why

@@ -18,15 +18,15 @@ from tfpar.config import Config
 from tfpar.errors import TfparError, summary
 from tfpar.plan import Plan
 from tfpar.density import measure_links, measure_rows
-from tfpar.planner import (aggregation_measured, decide_aggregation, density_candidates,
-                            make_plan, route_by_density)
+from tfpar.planner import (aggregation_measured, auto_tiles, decide_aggregation,
+                            density_candidates, make_plan, route_by_density)
 from tfpar.resources import parse_resources, reconcile
 from tfpar.sharding import with_shard_values
 from tfpar.transform import surgery
 from tfpar.transform.graph_copy import copy_graph, to_meta_graph
 from tfpar.transform.naming import safe_name
 from tfpar.transform.rewrite import rewrite
-from tfpar.transform.tiled import tile_of, whole
+from tfpar.transform.tiled import predicted_bytes, tile_of, whole
 from tfpar.transform.traffic import PATHS, counters
 
 log = logging.getLogger("tfpar")
@@ -68,7 +68,7 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     config, decisions = _partition_counts(meta, source_graph, analysis, config, layout, density)
     plan = make_plan(analysis, config, layout, decisions, density)
     if config.tiling:
-        plan = _with_tiles(plan, config.tiling)
+        plan = _split(plan, config, source_graph, analysis, layout)
     runner = _start(meta, plan, config, layout,
                     graph if isinstance(graph, tf.Graph) else None)
     if runner.is_chief:
@@ -82,6 +82,29 @@ def _with_tiles(plan: Plan, tiling) -> Plan:
         return plan.with_tiles({name: Tiling.parse(t) for name, t in tiling.items()})
     except ValueError as e:
         raise TfparError(f"Config.tiling: {e}") from None
+
+
+def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout) -> Plan:
+    """The plan with the weights Config.tiling splits (tiled route), and the bytes each
+    split layer will move."""
+    def layer_bytes(p):
+        return predicted_bytes(graph, p)
+    if config.tiling != "auto":
+        split = _with_tiles(plan, config.tiling)
+        return split.with_predicted(layer_bytes(split))
+    from tfpar.mesh import DeviceMesh
+    from tfpar.partition.tiling.extract import extract
+    from tfpar.partition.tiling.planner import plan_tiling
+    slots = {h.slots for h in layout.hosts}
+    devices = (DeviceMesh.hosts(len(layout.hosts), layout.hosts[0].slots, 1.25e9, 10e9)
+               if len(layout.hosts) > 1 and len(slots) == 1 else layout.num_workers)
+    try:
+        flow = extract(graph, analysis, None, config.gradient_scope)
+        planned = plan_tiling(flow.batch_times(layout.num_workers), devices)
+    except TfparError as e:
+        return dataclasses.replace(plan, notes=plan.notes + (f"tiling auto: nothing split ({e})",))
+    split, why = auto_tiles(plan, planned, config.tiling_min_bytes, layer_bytes)
+    return dataclasses.replace(split, tiling=planned, notes=split.notes + tuple(why))
 
 
 def _measure(meta, analysis, config: Config, layout):

@@ -5,6 +5,8 @@ worker holds only its tiles; the split variables fetched whole and the checkpoin
 then restored over one more step) are the single-device model's; the split layers' bytes
 are counted; bad plans are refused.
 """
+import contextlib
+import io
 import json
 import os
 
@@ -13,16 +15,18 @@ import pytest
 import tensorflow as tf
 
 import tfpar
+from tfpar import cli
 from examples.split_mlp import initial
 from tests.launch import run_worker
 from tests.workers.tiled_graph import build
 
 RTOL, ATOL = 1e-5, 1e-6
 SIZES = [8, 12, 6]
+WIDE = [8, 64, 6]
 GLOBAL_BATCH, STEPS = 8, 3
 
 
-def scenarios(n):
+def scenarios(n, plan_file):
     c, r = ("C", "R") if n == 2 else ("rC", "rR")
     rep = "r" if n == 2 else "rr"
     plans = {
@@ -39,12 +43,34 @@ def scenarios(n):
     # TF1's reference variables (as under disable_v2_behavior).
     out += [{"name": f"reference_variables_{opt}", "tiling": plans["columns then rows"],
              "optimizer": opt, "resource": False} for opt in ("momentum", "adam")]
+    # The tiling planner's own plan, as `tfpar plan --tiling --json` wrote it, and "auto"
+    # (the planner in the job; every weight considered).
+    out += [{"name": f"planner_json_{opt}", "tiling": plan_file, "optimizer": opt}
+            for opt in ("sgd", "adam")]
+    # Below the default threshold nothing is split (the plan says why); above it a wide
+    # first layer is.
+    out += [{"name": "auto_threshold_momentum", "tiling": "auto", "optimizer": "momentum"}]
+    out += [{"name": f"auto_wide_{opt}", "tiling": "auto", "tiling_min_bytes": 0,
+             "optimizer": opt, "sizes": WIDE} for opt in ("sgd", "adam")]
     return out
 
 
-def single_device(opt_name, embedding=False, resource=True):
-    values, batches = initial(SIZES, GLOBAL_BATCH, STEPS)
-    g, x, t, train, opt = build(SIZES, values, opt_name, GLOBAL_BATCH, embedding, resource)
+def planner_json(n, folder) -> str:
+    """The plan `tfpar plan --tiling --json` prints for the graph one worker builds."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(["plan", "tests/workers/tiled_graph.py:graph_for_plan", "--tiling",
+                       "--resources", f"localhost:{n}", "--json"])
+    assert rc == 0
+    path = os.path.join(folder, "plan.json")
+    with open(path, "w") as f:
+        f.write(out.getvalue())
+    return path
+
+
+def single_device(opt_name, embedding=False, resource=True, sizes=SIZES):
+    values, batches = initial(sizes, GLOBAL_BATCH, STEPS)
+    g, x, t, train, opt = build(sizes, values, opt_name, GLOBAL_BATCH, embedding, resource)
     with tf.compat.v1.Session(graph=g) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for xs, ts in batches:
@@ -57,26 +83,50 @@ def single_device(opt_name, embedding=False, resource=True):
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"N{n}")
 def job(request, tmp_path_factory):
     n = request.param
-    spec = {"scenarios": scenarios(n), "sizes": SIZES, "global_batch": GLOBAL_BATCH,
-            "steps": STEPS}
-    return n, run_worker(n, "tiled_graph.py", spec, tmp_path_factory.mktemp(f"rewrite{n}"),
-                         timeout=600)
+    folder = tmp_path_factory.mktemp(f"rewrite{n}")
+    cases = scenarios(n, planner_json(n, str(folder)))
+    spec = {"scenarios": cases, "sizes": SIZES, "global_batch": GLOBAL_BATCH, "steps": STEPS}
+    return n, cases, run_worker(n, "tiled_graph.py", spec, folder, timeout=600)
 
 
 @pytest.mark.job
 def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
-    n, out = job
-    for sc in scenarios(n):
+    n, cases, out = job
+    auto_split = set()
+    for sc in cases:
         ranks = [np.load(os.path.join(out, sc["name"], f"rank{r}.npz")) for r in range(n)]
         expected = single_device(sc["optimizer"], sc.get("embedding", False),
-                                 sc.get("resource", True))
+                                 sc.get("resource", True), sc.get("sizes", SIZES))
         routes = json.loads(str(ranks[0]["__routes"]))
-        assert all(routes[name] == "tiled" for name in sc["tiling"])
+        plan = tfpar.Plan.from_json(str(ranks[0]["__plan"]))
+        if sc["tiling"] == "auto":
+            asked = {v.name: str(v.tiling) for v in plan.variables
+                     if v.route == "tiled" and v.slot_of is None}
+            auto_split |= set(asked)
+        elif isinstance(sc["tiling"], str):  # the planner's JSON
+            with open(sc["tiling"]) as f:
+                asked = {v.name: str(v.tiling) for v in tfpar.Plan.from_json(f.read()).variables
+                         if v.route == "tiled" and v.slot_of is None}
+        else:
+            asked = sc["tiling"]
+        assert all(routes[name] == "tiled" for name in asked)
+        for name in asked:  # the runtime plan shows each split weight's tiles
+            assert f"  {name} {asked[name]}: w0[" in str(ranks[0]["__plan_table"])
+        # Bytes the split layers moved (mean over workers) == what the plan predicted.
+        predicted = sum(v.predicted_bytes for v in plan.variables
+                        if v.route == "tiled" and v.predicted_bytes is not None)
+        measured = np.mean([float(r["__tiled_bytes_per_step"]) for r in ranks])
+        assert abs(measured - predicted) <= 0.05 * predicted, (sc["name"], measured, predicted)
+        if sc["name"] == "auto_threshold_momentum":  # kept, and the plan says why
+            assert not asked and predicted == measured == 0
+            assert any("below tiling_min_bytes" in note for note in plan.notes)
+        else:
+            assert predicted > 0
         if sc.get("embedding"):  # the embedding really is on the parameter servers
             assert routes["embedding"] == "ps"
         split = {k[len("tile/"):] for k in ranks[0].files if k.startswith("tile/")}
         # Every tiled variable and its slots are held as tiles, and only as tiles.
-        for name in sc["tiling"]:
+        for name in asked:
             assert name in split, (sc["name"], name)
         for name, value in expected.items():
             if name in split:
@@ -84,7 +134,7 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
                 for data in ranks:
                     box = tuple(slice(lo, hi) for lo, hi in data[f"box/{name}"])
                     tile = data[f"tile/{name}"]
-                    assert tile.size < value.size or "bias" in name or sc["tiling"].get(
+                    assert tile.size < value.size or "bias" in name or asked.get(
                         name, "C") in ("r", "rr"), (name, "a split variable's tile is smaller")
                     whole[box] = tile
                 got = whole
@@ -98,13 +148,17 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
         # The checkpoint (written, then restored over one more step) is the single-device
         # model's: every variable under its own name and whole shape.
         reader = tf.train.load_checkpoint(os.path.join(out, sc["name"]))
-        assert "runner.save(path) on every worker" in str(ranks[0]["__saver_error"])
-        assert not any(f.startswith("by_saver") for f in os.listdir(os.path.join(out, sc["name"])))
+        by_saver = any(f.startswith("by_saver") for f in os.listdir(os.path.join(out, sc["name"])))
+        if asked:  # the user's Saver cannot save tiles: a clear error, nothing written
+            assert "runner.save(path) on every worker" in str(ranks[0]["__saver_error"])
+            assert not by_saver
+        else:
+            assert str(ranks[0]["__saver_error"]) == "" and by_saver
         assert set(reader.get_variable_to_shape_map()) == set(expected)
         for name, value in expected.items():
             np.testing.assert_allclose(reader.get_tensor(name), value, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{sc['name']}: checkpoint {name}")
-        assert float(ranks[0]["__tiled_bytes_per_step"]) > 0
+    assert "dense/kernel" in auto_split, "tiling='auto' did not split the wide layer"
 
 
 def test_bad_tiling_plans_are_refused_clearly():
@@ -127,3 +181,41 @@ def test_bad_tiling_plans_are_refused_clearly():
     plan3 = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:3"))
     with pytest.raises(TfparError, match="does not divide"):
         _with_tiles(plan3, {"dense/kernel": "R3", "dense/bias": "r3"})  # 8 rows over 3
+
+
+def test_tiling_configs_and_unsplittable_layers_are_refused_clearly(tmp_path):
+    from tfpar.analysis import analyse
+    from tfpar.errors import NotYetSupportedError, TfparError
+    from tfpar.planner import make_plan
+    from tfpar.resources import parse_resources
+    from tfpar.runner import _with_tiles
+    from tfpar.transform.tiled import predicted_bytes
+    with pytest.raises(TfparError, match="neither 'auto' nor a readable plan file"):
+        tfpar.Config(tiling=str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(TfparError, match="is not the JSON of a tfpar plan"):
+        tfpar.Config(tiling=str(tmp_path / "bad.json"))
+    with pytest.raises(TfparError, match="tiling_min_bytes must be"):
+        tfpar.Config(tiling="auto", tiling_min_bytes=-1)
+    values, _ = initial(SIZES, GLOBAL_BATCH, 1)
+    g, *_ = build(SIZES, values, "sgd", GLOBAL_BATCH)
+    plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
+    with pytest.raises(TfparError, match="splits no variable"):
+        tfpar.Config(tiling=plan)
+    # A plan (as `tfpar plan --tiling --json` writes it) is taken as its tiled variables.
+    split = _with_tiles(plan, {"dense/kernel": "C", "dense_1/kernel": "R"})
+    (tmp_path / "plan.json").write_text(split.to_json())
+    assert tfpar.Config(tiling=str(tmp_path / "plan.json")).tiling == {
+        "dense/kernel": "C", "dense_1/kernel": "R"}
+    assert tfpar.Config(tiling=split).tiling == tfpar.Config(
+        tiling=str(tmp_path / "plan.json")).tiling
+    # A weight read by two matmuls is not a layer the rewrite can split.
+    g2 = tf.Graph()
+    with g2.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 6])
+        w = tf.compat.v1.get_variable("w", [6, 6], use_resource=True)
+        loss = tf.reduce_sum(tf.matmul(tf.matmul(x, w), w))
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    plan2 = make_plan(analyse(g2), tfpar.Config(), parse_resources("localhost:2"))
+    with pytest.raises(NotYetSupportedError, match="exactly one matmul x @ W, found 2"):
+        predicted_bytes(g2, _with_tiles(plan2, {"w": "C"}))

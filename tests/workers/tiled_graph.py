@@ -1,8 +1,9 @@
 """A horovodrun worker: an ordinary tf.compat.v1.layers MLP trained through
 tfpar.get_runner with Config(tiling=...), weights split over the workers by the rewrite.
 
-usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling":
-{variable: tiling}, "optimizer"}], "sizes", "global_batch", "steps"}. Saves per scenario
+usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling": (as
+Config.tiling: {variable: tiling}, "auto" or a plan file), "optimizer", optional
+"tiling_min_bytes", "embedding", "resource", "sizes"}], "sizes", "global_batch", "steps"}. Saves per scenario
 this worker's tiles (with the boxes they hold) and every other variable's value, and the
 split variables fetched whole; its checkpoint is the scenario's folder.
 """
@@ -48,12 +49,19 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True):
     return g, x, t, train, opt
 
 
+def graph_for_plan(sizes=(8, 12, 6), batch=4, opt_name="adam"):
+    """The graph one worker builds, for `tfpar plan --tiling` (model.py:function)."""
+    values, _ = initial(list(sizes), batch, 1)
+    return build(list(sizes), values, opt_name, batch)[0]
+
+
 def main(spec_path, out_dir):
     import tfpar
     with open(spec_path) as f:
         spec = json.load(f)
-    sizes, gb = spec["sizes"], spec["global_batch"]
+    gb = spec["global_batch"]
     for sc in spec["scenarios"]:
+        sizes = sc.get("sizes", spec["sizes"])
         import horovod.tensorflow as hvd
         hvd.init()
         n, rank = hvd.size(), hvd.rank()
@@ -64,7 +72,9 @@ def main(spec_path, out_dir):
         with g.as_default():
             saver = tf1.train.Saver()  # the user's own, as TF1 scripts build it
         out = {}
-        with tfpar.get_runner(g, config=tfpar.Config(tiling=sc["tiling"])) as runner:
+        config = tfpar.Config(tiling=sc["tiling"],
+                              tiling_min_bytes=sc.get("tiling_min_bytes", 1 << 20))
+        with tfpar.get_runner(g, config=config) as runner:
             for xs, ts in batches:
                 runner.run(train, {x: xs[rank * b:(rank + 1) * b],
                                    t: ts[rank * b:(rank + 1) * b]})
@@ -97,6 +107,8 @@ def main(spec_path, out_dir):
             for v, value in zip(rest, runner.run(rest)):
                 out[f"var/{v.op.name}"] = value
             out["__routes"] = np.array(json.dumps({v.name: v.route for v in runner.plan.variables}))
+            out["__plan"] = np.array(runner.plan.to_json())
+            out["__plan_table"] = np.array(runner.plan.table())
             comm = runner.communication()
             out["__tiled_bytes_per_step"] = np.array(comm["tiled"] / max(comm["steps"], 1))
         np.savez(os.path.join(folder, f"rank{rank}.npz"), **out)

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError, TfparError
+from tfpar.partition.tiling import redistribution
 from tfpar.partition.tiling.cuts import Cut, Tiling
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery, tiles
@@ -93,9 +94,21 @@ def apply_tiling(graph: tf.Graph, plan: Plan, rank: int, counter=None) -> Option
     return TiledRewrite(made, updates)
 
 
-def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made, updates):
+@dataclasses.dataclass
+class _Layer:
+    """A split weight's layer as the user's graph has it."""
+
+    matmul: tf.Operation  # the forward x @ W
+    x: tf.Tensor
+    batch: int  # this worker's rows
+    bias: Optional[VariablePlan]  # a tiled bias added to the product, if any
+    out: tf.Tensor  # the layer's output the consumers read (after the bias)
+    dy: tf.Tensor  # the gradient the user's graph computes for the product
+    dx: List[tf.Tensor]  # the user's dX = dY W^T, if it computes one
+
+
+def _layer(graph, w: VariablePlan, by_name) -> _Layer:
     w_op = graph.get_operation_by_name(w.name)
-    shape = tuple(w.shape)
     forward = [c for r in _reads(w_op) for c in r.consumers()
                if c.type == "MatMul" and c.inputs[1] is r and not c.get_attr("transpose_b")
                and not c.get_attr("transpose_a")]
@@ -119,22 +132,74 @@ def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made
         raise NotYetSupportedError(f"tiling {w.name!r}: its gradient is not TensorFlow's "
                                    f"x^T dY ({raw.op.type} {raw.name})")
     dy = raw.op.inputs[1]
-    dx_old = [c.outputs[0] for c in dy.consumers() if c.type == "MatMul"
-              and c.get_attr("transpose_b") and c.inputs[1] in _reads(w_op)]
-
+    dx = [c.outputs[0] for c in dy.consumers() if c.type == "MatMul"
+          and c.get_attr("transpose_b") and c.inputs[1] in _reads(w_op)]
+    # TensorFlow builds dX also for a first layer, whose input needs none: used or not is
+    # what its consumers past gate_gradients' identities say.
+    dx = [t for t in dx if _used(t)]
     # A bias added to the product, if its variable is in the plan.
-    out_old, bias = matmul.outputs[0], None
-    adds = [c for c in out_old.consumers() if c.type in ("BiasAdd", "AddV2", "Add")]
+    out, bias = matmul.outputs[0], None
+    adds = [c for c in out.consumers() if c.type in ("BiasAdd", "AddV2", "Add")]
     for add in adds:
-        other = add.inputs[1] if add.inputs[0] is out_old else add.inputs[0]
+        other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
         source = other.op.inputs[0].op if other.op.type in ("Identity", "ReadVariableOp") \
             else None
         # A tiled bias joins the layer; any other stays where it was, added to the
         # layer's (batch-split) output by the user's own op.
         if (source is not None and source.name in by_name
                 and by_name[source.name].route == "tiled" and len(by_name[source.name].shape) == 1):
-            bias, out_old = by_name[source.name], add.outputs[0]
+            bias, out = by_name[source.name], add.outputs[0]
             break
+    return _Layer(matmul, x, batch, bias, out, dy, dx)
+
+
+def _used(t: tf.Tensor) -> bool:
+    while len(t.consumers()) == 1 and t.consumers()[0].type == "Identity":
+        t = t.consumers()[0].outputs[0]
+    return bool(t.consumers())
+
+
+def layer_bytes(w: Tiling, shape, batch: int, bias: Optional[Tiling] = None,
+                input_gradient: bool = True, itemsize: int = 4) -> float:
+    """Bytes per worker per step (sent plus received, the mean over workers) that the
+    rewrite's layer moves: X from the batch split into the form `w` needs and its adjoint
+    (when dX is computed), the product back to the batch split and its adjoint, the
+    gradient of replicated tiles summed, and the bias likewise. Pure: what the plan shows
+    before the job runs, and what `communication()["tiled"]` measures."""
+    k, m = shape
+    n = w.devices
+    rows = tiles.batch_split([c.parts for c in w.cuts])
+    need_x, made_y = tiles.forms(w)
+    elements = (redistribution.moved(rows, need_x, (batch, k)) * (2 if input_gradient else 1)
+                + 2 * redistribution.moved(made_y, rows, (batch, m))
+                + redistribution.moved(tiles.summed(w), w, (k, m)))
+    if bias is not None:
+        elements += (2 * redistribution.moved(bias, tiles.bias_tiling(rows), (m,))
+                     + redistribution.moved(tiles.summed(bias), bias, (m,)))
+    return 2.0 * elements * itemsize / n
+
+
+def predicted_bytes(graph: tf.Graph, plan: Plan) -> Dict[str, float]:
+    """{split weight: `layer_bytes` of its layer in `graph`} for the plan's tiled weights
+    (biases count with their layer). Raises for a weight the rewrite cannot split."""
+    by_name = {v.name: v for v in plan.variables}
+    out = {}
+    for w in plan.variables:
+        if w.route == "tiled" and w.slot_of is None and len(w.shape) == 2:
+            layer = _layer(graph, w, by_name)
+            global_batch = layer.batch * plan.num_workers
+            out[w.name] = layer_bytes(w.tiling, tuple(w.shape), global_batch,
+                                      layer.bias.tiling if layer.bias else None,
+                                      bool(layer.dx), tf.as_dtype(w.dtype).size)
+    return out
+
+
+def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made, updates):
+    w_op = graph.get_operation_by_name(w.name)
+    shape = tuple(w.shape)
+    layer = _layer(graph, w, by_name)
+    x, batch, bias, out_old, dy, dx_old = (layer.x, layer.batch, layer.bias, layer.out,
+                                          layer.dy, layer.dx)
     cuts = [c.parts for c in w.tiling.cuts]
     rows = tiles.batch_split(cuts)
     global_batch = batch * n
@@ -157,8 +222,10 @@ def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made
         y = tiles.dense(x, rows, global_batch, w_used, w.tiling, shape, rows, rank, b_used,
                         b_tiling, counter, name="layer")
         surgery.replace_uses(out_old, y)
-        wrt = [x, w_read] + ([b_read] if b_read is not None else [])
-        grads = tf.gradients(y, wrt, grad_ys=dy)
+        # dX only where the user's graph computes it (not for a first layer's input).
+        wrt = [w_read] + ([b_read] if b_read is not None else [])
+        grads = tf.gradients(y, ([x] if dx_old else []) + wrt, grad_ys=dy)
+        grads = grads if dx_old else [None] + grads
         # Gated as the optimizer's GATE_OP gates them: a reference variable's read aliases
         # its buffer, so the in-place update of W must wait for dX = dY W^T.
         present = [g for g in grads if g is not None]

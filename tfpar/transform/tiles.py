@@ -54,18 +54,24 @@ def bias_tiling(y: Tiling) -> Tiling:
     return Tiling(tuple(Cut(0 if c.dim == 1 else None, c.parts) for c in y.cuts))
 
 
+def summed(tiling: Tiling) -> Tiling:
+    """`tiling` with its replicating cuts as partial sums: how the gradient of a tile held
+    by several workers arrives before it is summed over them."""
+    return Tiling(tuple(Cut(RED, c.parts) if c.dim is None else c for c in tiling.cuts))
+
+
 def replicated(w_tile: tf.Tensor, tiling: Tiling, shape: Sequence[int], rank: int,
                scale: float = 1.0, counter=None, name: str = "replicated") -> tf.Tensor:
     """`w_tile` unchanged; its gradient summed over the workers that hold the same tile
     (the cuts where `tiling` replicates) and multiplied by `scale` (1/N for a mean loss)."""
-    summed = Tiling(tuple(Cut(RED, c.parts) if c.dim is None else c for c in tiling.cuts))
-    needs_sum = summed != tiling
+    partial = summed(tiling)
+    needs_sum = partial != tiling
 
     @tf.custom_gradient
     def apply(t):
         def grad(dy):
             if needs_sum:
-                dy = collectives.convert(dy, summed, tiling, shape, rank, counter,
+                dy = collectives.convert(dy, partial, tiling, shape, rank, counter,
                                          name + "_sum")
             return dy * scale if scale != 1.0 else dy
         return tf.identity(t), grad

@@ -140,6 +140,16 @@ class Dataflow:
             raise TfparError(f"{what} {name!r}: a vector of shape {v} does not run along "
                              f"dimension {1 - axis} of a matrix of shape {mat}")
 
+    def batch_times(self, workers: int) -> "Dataflow":
+        """This dataflow of one worker's graph for the batch of `workers` together (the
+        global batch the tiling planner splits): the rows of every matrix that is not a
+        weight times `workers`."""
+        out = Dataflow(ops=list(self.ops))
+        for name, m in self.matrices.items():
+            shape = m.shape if m.kind == "weight" else (m.shape[0] * workers,) + m.shape[1:]
+            out.matrices[name] = Matrix(name, shape, m.kind)
+        return out
+
     def scaled(self, tilings: Dict[str, "object"]) -> "Dataflow":
         """The tile graph: every matrix replaced by one tile of its one-cut tiling."""
         out = Dataflow(ops=list(self.ops))
