@@ -6,7 +6,8 @@ both, and the optimizer's update of W and its slots. The rewrite, per layer:
 
 - makes each worker's tile of W and of its slots variables of their own (initial values:
   worker 0's whole initial value, sliced), in collection `TILES`, so they are neither
-  broadcast nor saved as whole variables;
+  broadcast nor initialised as whole variables (`whole` and `tile_of` gather and scatter
+  them for checkpoints and fetches);
 - computes the layer on tiles (`tiles.dense`, exact-adjoint collectives), from the
   worker's own rows x to its own rows of the output, and makes the layer's consumers
   read that;
@@ -17,9 +18,10 @@ both, and the optimizer's update of W and its slots. The rewrite, per layer:
   hyper-parameters), which replace the originals in the training step.
 
 The boundary of every layer is the batch split (each worker's own rows), so layers that
-tfpar does not split, and the loss, see the tensors they saw. Not yet: chains kept in one
-tiling across layers, post-processed gradients of a tiled weight (clipping), weights read
-by more than one matmul.
+tfpar does not split, and the loss, see the tensors they saw; `layer_bytes` counts what a
+layer moves, from the exchanges alone. Not yet: chains kept in one tiling across layers,
+post-processed gradients of a tiled weight (clipping), weights read by more than one
+matmul.
 """
 from __future__ import annotations
 
