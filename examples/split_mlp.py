@@ -144,13 +144,14 @@ def build(plan, sizes, global_batch, rank, n, values) -> SplitModel:
     return SplitModel(g, x, t, loss, train, opt, variables, received, predicted[0])
 
 
-def single_device(sizes, values, loss_name: str, opt_name: str):
+def single_device(sizes, values, loss_name: str, opt_name: str, batch=None):
     """The same model as one device trains it (whole weights, ordinary ops): (graph, x,
-    targets, train op, optimizer, {name: variable})."""
+    targets, train op, optimizer, {name: variable}); `batch`: a static batch size (the
+    tiled rewrite needs one)."""
     g = tf.Graph()
     with g.as_default():
-        x = tf1.placeholder(tf.float32, [None, sizes[0]], name="x")
-        t = tf1.placeholder(tf.float32, [None, sizes[-1]], name="targets")
+        x = tf1.placeholder(tf.float32, [batch, sizes[0]], name="x")
+        t = tf1.placeholder(tf.float32, [batch, sizes[-1]], name="targets")
         h, variables = x, {}
         for i in range(1, len(sizes)):
             for name in (f"W{i}", f"b{i}"):

@@ -6,7 +6,10 @@ Two models (SoyBean's wide-MLP shapes scaled to CPU, and a language model's outp
 layer with its softmax over a large vocabulary), Adam, a small global batch:
 - data parallel: the single-device graph through `tfpar.get_runner` (Horovod allreduce);
 - split: `examples/split_mlp.py` under a Megatron-style plan (first weight by columns,
-  second by rows; the output layer by vocabulary), on `tfpar.transform.tiles`.
+  second by rows; the output layer by vocabulary), on `tfpar.transform.tiles`;
+- rewrite: the single-device graph through `tfpar.get_runner` with the same weights
+  split by `Config(tiling=...)` (the tiled rewrite: each layer from and to the batch
+  split; the LM's loss from split logits), the rest allreduced.
 Per system and N (workers on this machine): median step time, bytes per step per worker
 (sent plus received, measured: tfpar's counters for data parallel, Horovod's received
 counts for the split plan, next to the exchanges' prediction), and per-worker bytes of
@@ -29,7 +32,7 @@ MODELS = {
     "wide MLP": ([1024, 4096, 1024], 16, "squares"),
     "LM output layer": ([512, 32768], 16, "softmax"),
 }
-SYSTEMS = ("data parallel", "split")
+SYSTEMS = ("data parallel", "split", "rewrite")
 
 
 def split_plan(model, n):
@@ -40,6 +43,14 @@ def split_plan(model, n):
                 "optimizer": "adam"}
     return {"weights": {"W1": c, "W2": r}, "activations": {"h1": c}, "loss": loss,
             "optimizer": "adam"}
+
+
+def rewrite_plan(model, n):
+    """Config.tiling for the rewrite: the split plan's weights (and the first layer's
+    bias, split as its columns, so the LM's logits stay split)."""
+    _, _, loss = MODELS[model]
+    c, r = ("C", "R") if n == 2 else (f"C{n}", f"R{n}")
+    return {"W1": c, "b1": r} if loss == "softmax" else {"W1": c, "b1": r, "W2": r}
 
 
 def worker(model, system, steps, warmup, out):
@@ -69,6 +80,21 @@ def worker(model, system, steps, warmup, out):
                 times.append(time.perf_counter() - start)
             wire = 2 * sess.run(m.received) / steps  # received, and as much sent on average
         predicted, memory = 2 * m.predicted_per_step, m.tile_bytes()
+    elif system == "rewrite":
+        g, x, t, train, _, _ = split_mlp.single_device(sizes, values, loss_name, "adam", b)
+        config = tfpar.Config(tiling=rewrite_plan(model, n))
+        with tfpar.get_runner(g, config=config) as runner:
+            for _ in range(steps):
+                start = time.perf_counter()
+                runner.run(train, {x: feed_x, t: feed_t})
+                times.append(time.perf_counter() - start)
+            comm = runner.communication()
+            wire = sum(v for k, v in comm.items() if k != "steps") / comm["steps"]
+            predicted = runner.plan.predicted_bytes_per_step
+            tiles = runner.tiles()  # tiles of the split weights and of their slots
+            memory = (sum(t["value"].nbytes for t in tiles.values())
+                      + sum(int(np.prod(v.shape)) * 4 * 3 for name, v in values.items()
+                            if name not in tiles))
     else:
         g, x, t, train, _, _ = split_mlp.single_device(sizes, values, loss_name, "adam")
         with tfpar.get_runner(g) as runner:
@@ -144,8 +170,11 @@ def main():
             f"`{invocation()}`, {stamp}, on {machine()}. N workers on this one machine "
             f"(localhost, Gloo); Adam; {args.steps} steps, the median after {args.warmup} "
             "of the slowest worker. Wire: sent plus received per worker per step, measured "
-            "(tfpar's allreduce counters; the bytes Horovod reports arriving in the split "
-            "plan's all-to-alls, doubled); predicted: the plan's exchanges. Models: "
+            "(tfpar's counters; the bytes Horovod reports arriving in the split "
+            "plan's all-to-alls, doubled); predicted: the plan's exchanges (rewrite: "
+            "`runner.plan`'s bytes per step, its allreduced variables included). split: "
+            "tile layers written for the plan (`examples/split_mlp.py`); rewrite: the "
+            "single-device graph through `get_runner(config=Config(tiling=...))`. Models: "
             + "; ".join(f"{m} {MODELS[m][0]}, global batch {MODELS[m][1]}" for m in MODELS)
             + ".\n\n" + "\n".join(lines) + "\n")
     os.makedirs(args.out, exist_ok=True)
@@ -170,8 +199,9 @@ def _plot(rows, path):
         for k, system in enumerate(SYSTEMS):
             vals = [next(r[key] for r in rows if (r["model"], r["workers"]) == lab
                          and r["system"] == system) for lab in labels]
-            ax.bar([i + 0.4 * k for i in range(len(labels))], vals, 0.4, label=system)
-        ax.set_xticks([i + 0.2 for i in range(len(labels))])
+            width = 0.8 / len(SYSTEMS)
+            ax.bar([i + width * k for i in range(len(labels))], vals, width, label=system)
+        ax.set_xticks([i + 0.4 - 0.4 / len(SYSTEMS) for i in range(len(labels))])
         ax.set_xticklabels([f"{m}\nN={n}" for m, n in labels], fontsize=7)
         ax.set_title(title)
     axes[0].legend()

@@ -23,6 +23,8 @@ from tests.workers.tiled_graph import build
 RTOL, ATOL = 1e-5, 1e-6
 SIZES = [8, 12, 6]
 WIDE = [8, 64, 6]
+LM = [8, 12, 16]  # the last layer over a vocabulary of 16 words
+CLIP = 0.3  # below the gradients' global norm, so clipping acts
 GLOBAL_BATCH, STEPS = 8, 3
 
 
@@ -43,6 +45,18 @@ def scenarios(n, plan_file):
     # TF1's reference variables (as under disable_v2_behavior).
     out += [{"name": f"reference_variables_{opt}", "tiling": plans["columns then rows"],
              "optimizer": opt, "resource": False} for opt in ("momentum", "adam")]
+    # A language model's output layer split over its vocabulary: the loss from split
+    # logits (the split softmax), the hidden layer allreduced.
+    vocab = {"dense_1/kernel": "C", "dense_1/bias": "R"} if n == 2 else \
+        {"dense_1/kernel": "CC", "dense_1/bias": "RR"}
+    out += [{"name": f"lm_output_{opt}", "tiling": vocab, "optimizer": opt, "lm": True,
+             "sizes": LM} for opt in ("sgd", "adam")]
+    # Gradients clipped by their global norm (the NMT tutorial's way): split tiles and
+    # whole variables share one norm.
+    out += [{"name": f"clipped_{opt}", "tiling": plans["columns then rows"], "optimizer": opt,
+             "clip": CLIP} for opt in ("sgd", "adam")]
+    out += [{"name": "clipped_lm_output_adam", "tiling": vocab, "optimizer": "adam",
+             "lm": True, "sizes": LM, "clip": CLIP}]
     # The tiling planner's own plan, as `tfpar plan --tiling --json` wrote it, and "auto"
     # (the planner in the job; every weight considered).
     out += [{"name": f"planner_json_{opt}", "tiling": plan_file, "optimizer": opt}
@@ -68,9 +82,11 @@ def planner_json(n, folder) -> str:
     return path
 
 
-def single_device(opt_name, embedding=False, resource=True, sizes=SIZES):
+def single_device(opt_name, embedding=False, resource=True, sizes=SIZES, lm=False,
+                  clip=None):
     values, batches = initial(sizes, GLOBAL_BATCH, STEPS)
-    g, x, t, train, opt = build(sizes, values, opt_name, GLOBAL_BATCH, embedding, resource)
+    g, x, t, train, opt = build(sizes, values, opt_name, GLOBAL_BATCH, embedding, resource,
+                                lm, clip)
     with tf.compat.v1.Session(graph=g) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for xs, ts in batches:
@@ -96,7 +112,8 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
     for sc in cases:
         ranks = [np.load(os.path.join(out, sc["name"], f"rank{r}.npz")) for r in range(n)]
         expected = single_device(sc["optimizer"], sc.get("embedding", False),
-                                 sc.get("resource", True), sc.get("sizes", SIZES))
+                                 sc.get("resource", True), sc.get("sizes", SIZES),
+                                 sc.get("lm", False), sc.get("clip"))
         routes = json.loads(str(ranks[0]["__routes"]))
         plan = tfpar.Plan.from_json(str(ranks[0]["__plan"]))
         if sc["tiling"] == "auto":
@@ -117,6 +134,13 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
                         if v.route == "tiled" and v.predicted_bytes is not None)
         measured = np.mean([float(r["__tiled_bytes_per_step"]) for r in ranks])
         assert abs(measured - predicted) <= 0.05 * predicted, (sc["name"], measured, predicted)
+        if sc.get("lm"):  # no worker computed whole logits: the user's ops did not run
+            for r in ranks:
+                ran = set(r["__ran"].tolist())
+                assert "dense_1/MatMul" not in ran and "dense_1/BiasAdd" not in ran
+                assert not any("SparseSoftmaxCrossEntropyWithLogits" in op for op in ran)
+                assert any(op.startswith("tfpar/tiled/dense_1_kernel/split_softmax")
+                           for op in ran)
         if sc["name"] == "auto_threshold_momentum":  # kept, and the plan says why
             assert not asked and predicted == measured == 0
             assert any("below tiling_min_bytes" in note for note in plan.notes)
@@ -219,3 +243,24 @@ def test_tiling_configs_and_unsplittable_layers_are_refused_clearly(tmp_path):
     plan2 = make_plan(analyse(g2), tfpar.Config(), parse_resources("localhost:2"))
     with pytest.raises(NotYetSupportedError, match="exactly one matmul x @ W, found 2"):
         predicted_bytes(g2, _with_tiles(plan2, {"w": "C"}))
+
+
+def test_post_processing_a_tile_cannot_follow_is_refused_clearly():
+    """clip_by_norm needs each whole gradient's own norm: refused, naming the op."""
+    from tfpar.analysis import analyse
+    from tfpar.errors import NotYetSupportedError
+    from tfpar.planner import make_plan
+    from tfpar.resources import parse_resources
+    from tfpar.runner import _with_tiles
+    from tfpar.transform.tiled import predicted_bytes
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 6])
+        w = tf.compat.v1.get_variable("w", [6, 6], use_resource=True)
+        loss = tf.reduce_sum(tf.square(tf.matmul(x, w)))
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        opt.apply_gradients([(tf.clip_by_norm(dw, 0.1), v)
+                             for dw, v in opt.compute_gradients(loss)])
+    plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
+    with pytest.raises(NotYetSupportedError, match="only global-norm clipping"):
+        predicted_bytes(g, _with_tiles(plan, {"w": "C"}))

@@ -3,7 +3,7 @@ tfpar.get_runner with Config(tiling=...), weights split over the workers by the 
 
 usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling": (as
 Config.tiling: {variable: tiling}, "auto" or a plan file), "optimizer", optional
-"tiling_min_bytes", "embedding", "resource", "sizes"}], "sizes", "global_batch", "steps"}. Saves per scenario
+"tiling_min_bytes", "embedding", "resource", "sizes", "lm", "clip"}], "sizes", "global_batch", "steps"}. Saves per scenario
 this worker's tiles (with the boxes they hold) and every other variable's value, and the
 split variables fetched whole; its checkpoint is the scenario's folder.
 """
@@ -23,8 +23,13 @@ tf1 = tf.compat.v1
 VOCAB = 40
 
 
-def build(sizes, values, opt_name, batch, embedding=False, resource=True):
+def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=False,
+          clip=None):
     """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss.
+    With `lm`, the last layer is a language model's output projection over a vocabulary
+    of sizes[-1] words and the loss the mean sparse softmax cross-entropy of labels (word
+    ids made from x). With `clip`, the gradients are clipped by their global norm (as the
+    NMT tutorial does) before the update.
     With `embedding`, the input is the sum of x and rows of an embedding looked up by
     ids (a sparse gradient: HYBRID keeps it on the parameter servers). `resource`: False
     for reference variables (TF1's, under disable_v2_behavior)."""
@@ -43,9 +48,19 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True):
                 h, sizes[i], activation=tf.nn.relu if i < len(sizes) - 1 else None,
                 kernel_initializer=tf1.constant_initializer(values[f"W{i}"]),
                 bias_initializer=tf1.constant_initializer(values[f"b{i}"]))
-        loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
+        if lm:
+            labels = tf.cast(tf.math.floormod(tf.abs(x[:, 1]) * 1000.0, sizes[-1]), tf.int64)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=h))
+        else:
+            loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
         opt = optimizer(opt_name)
-        train = opt.minimize(loss, name="train")
+        if clip is None:
+            train = opt.minimize(loss, name="train")
+        else:
+            grads, variables = zip(*opt.compute_gradients(loss))
+            clipped, _ = tf.clip_by_global_norm(grads, clip)
+            train = opt.apply_gradients(zip(clipped, variables), name="train")
     return g, x, t, train, opt
 
 
@@ -68,16 +83,22 @@ def main(spec_path, out_dir):
         b = gb // n
         values, batches = initial(sizes, gb, spec["steps"])
         g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False),
-                                  sc.get("resource", True))
+                                  sc.get("resource", True), sc.get("lm", False),
+                                  sc.get("clip"))
         with g.as_default():
             saver = tf1.train.Saver()  # the user's own, as TF1 scripts build it
         out = {}
         config = tfpar.Config(tiling=sc["tiling"],
                               tiling_min_bytes=sc.get("tiling_min_bytes", 1 << 20))
         with tfpar.get_runner(g, config=config) as runner:
-            for xs, ts in batches:
+            trace = tf1.RunMetadata()
+            for xs, ts in batches:  # the last step traced: which ops ran
                 runner.run(train, {x: xs[rank * b:(rank + 1) * b],
-                                   t: ts[rank * b:(rank + 1) * b]})
+                                   t: ts[rank * b:(rank + 1) * b]},
+                           options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+                           run_metadata=trace)
+            out["__ran"] = np.array(sorted({n.node_name for d in trace.step_stats.dev_stats
+                                            for n in d.node_stats}))
             folder = os.path.join(out_dir, sc["name"])
             os.makedirs(folder, exist_ok=True)
             # The split variables fetched whole, then checkpointed whole (every worker

@@ -17,11 +17,18 @@ both, and the optimizer's update of W and its slots. The rewrite, per layer:
 - updates the tiles with copies of the user's own update ops (same optimizer, same
   hyper-parameters), which replace the originals in the training step.
 
+A layer whose output only a sparse softmax cross-entropy reads (a language model's output
+projection) keeps its logits split (`tiles.logits_tiling`, over the vocabulary for a
+column split): the per-row loss comes from the split softmax (`tiles.softmax_cross_entropy`)
+and replaces the user's, whose gradient seeds the backward; no worker computes a whole
+row of logits.
+
 The boundary of every layer is the batch split (each worker's own rows), so layers that
 tfpar does not split, and the loss, see the tensors they saw; `layer_bytes` counts what a
-layer moves, from the exchanges alone. Not yet: chains kept in one tiling across layers,
-post-processed gradients of a tiled weight (clipping), weights read by more than one
-matmul.
+layer moves, from the exchanges alone. A gradient the user post-processes
+before the update (`clip_by_global_norm`, element-wise scaling) is post-processed on the
+tile (`_on_tile`). Not yet: chains kept in one tiling across layers, other
+post-processing of a tiled weight's gradient, weights read by more than one matmul.
 """
 from __future__ import annotations
 
@@ -107,6 +114,10 @@ class _Layer:
     out: tf.Tensor  # the layer's output the consumers read (after the bias)
     dy: tf.Tensor  # the gradient the user's graph computes for the product
     dx: List[tf.Tensor]  # the user's dX = dY W^T, if it computes one
+    # The layer's output read only by a sparse softmax cross-entropy (an LM's output
+    # layer): that op, and the gradient the user's graph computes for its per-row loss.
+    xent: Optional[tf.Operation] = None
+    dloss: Optional[tf.Tensor] = None
 
 
 def _layer(graph, w: VariablePlan, by_name) -> _Layer:
@@ -124,10 +135,11 @@ def _layer(graph, w: VariablePlan, by_name) -> _Layer:
     if batch is None:
         raise TfparError(f"tiling {w.name!r}: its input {x.name} needs a static batch size "
                          "(give the placeholder or dataset a fixed batch)")
-    if not w.gradients or w.gradients[0].post_processed:
-        raise NotYetSupportedError(f"tiling {w.name!r}: its gradient is post-processed "
-                                   "(clipping, scaling) before the update; not yet supported")
+    if not w.gradients:
+        raise TfparError(f"tiling {w.name!r}: it is not trained (no gradient)")
     raw = graph.get_tensor_by_name(w.gradients[0].values)
+    if w.gradients[0].post_processed:
+        _post_processing(graph, w, raw)  # refused here if the rewrite cannot follow it
     while raw.op.type == "Identity":  # gate_gradients' tuple (control_dependency)
         raw = raw.op.inputs[0]
     if not (raw.op.type == "MatMul" and raw.op.get_attr("transpose_a") and raw.op.inputs[0] is x):
@@ -152,7 +164,29 @@ def _layer(graph, w: VariablePlan, by_name) -> _Layer:
                 and by_name[source.name].route == "tiled" and len(by_name[source.name].shape) == 1):
             bias, out = by_name[source.name], add.outputs[0]
             break
-    return _Layer(matmul, x, batch, bias, out, dy, dx)
+    xent, dloss = _softmax_after(out)
+    return _Layer(matmul, x, batch, bias, out, dy, dx, xent, dloss)
+
+
+def _softmax_after(out: tf.Tensor):
+    """(the sparse softmax cross-entropy that alone reads `out`, the gradient of its loss
+    in the user's graph), or (None, None)."""
+    users = out.consumers()
+    if len(users) != 1 or users[0].type != "SparseSoftmaxCrossEntropyWithLogits" \
+            or users[0].inputs[0] is not out:
+        return None, None
+    xent = users[0]
+    # TensorFlow's gradient: ExpandDims(dloss) * backprop (behind PreventGradient in some
+    # versions).
+    backprop = [xent.outputs[1]] + [c.outputs[0] for c in xent.outputs[1].consumers()
+                                    if c.type == "PreventGradient"]
+    for b in backprop:
+        for m in b.consumers():
+            if m.type == "Mul":
+                other = m.inputs[0] if m.inputs[1] is b else m.inputs[1]
+                if other.op.type == "ExpandDims":
+                    return xent, other.op.inputs[0]
+    return None, None
 
 
 def _used(t: tf.Tensor) -> bool:
@@ -162,23 +196,29 @@ def _used(t: tf.Tensor) -> bool:
 
 
 def layer_bytes(w: Tiling, shape, batch: int, bias: Optional[Tiling] = None,
-                input_gradient: bool = True, itemsize: int = 4) -> float:
+                input_gradient: bool = True, itemsize: int = 4,
+                softmax: bool = False) -> float:
     """Bytes per worker per step (sent plus received, the mean over workers) that the
     rewrite's layer moves: X from the batch split into the form `w` needs and its adjoint
-    (when dX is computed), the product back to the batch split and its adjoint, the
-    gradient of replicated tiles summed, and the bias likewise. Pure: what the plan shows
-    before the job runs, and what `communication()["tiled"]` measures."""
+    (when dX is computed), the product back to the batch split (with `softmax`: to the
+    logits' split, then the split softmax's exchanges) and its adjoint, the gradient of
+    replicated tiles summed, and the bias likewise. Pure: what the plan shows before the
+    job runs, and what `communication()["tiled"]` measures."""
     k, m = shape
     n = w.devices
     rows = tiles.batch_split([c.parts for c in w.cuts])
     need_x, made_y = tiles.forms(w)
+    y = tiles.logits_tiling(made_y) if softmax else rows
     elements = (redistribution.moved(rows, need_x, (batch, k)) * (2 if input_gradient else 1)
-                + 2 * redistribution.moved(made_y, rows, (batch, m))
+                + 2 * redistribution.moved(made_y, y, (batch, m))
                 + redistribution.moved(tiles.summed(w), w, (k, m)))
     if bias is not None:
-        elements += (2 * redistribution.moved(bias, tiles.bias_tiling(rows), (m,))
+        elements += (2 * redistribution.moved(bias, tiles.bias_tiling(y), (m,))
                      + redistribution.moved(tiles.summed(bias), bias, (m,)))
-    return 2.0 * elements * itemsize / n
+    moved = elements * itemsize
+    if softmax:
+        moved += tiles.softmax_moved_bytes(y, batch, rows, itemsize)
+    return 2.0 * moved / n
 
 
 def predicted_bytes(graph: tf.Graph, plan: Plan) -> Dict[str, float]:
@@ -192,7 +232,8 @@ def predicted_bytes(graph: tf.Graph, plan: Plan) -> Dict[str, float]:
             global_batch = layer.batch * plan.num_workers
             out[w.name] = layer_bytes(w.tiling, tuple(w.shape), global_batch,
                                       layer.bias.tiling if layer.bias else None,
-                                      bool(layer.dx), tf.as_dtype(w.dtype).size)
+                                      bool(layer.dx), tf.as_dtype(w.dtype).size,
+                                      layer.xent is not None)
     return out
 
 
@@ -221,12 +262,22 @@ def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made
             b_read = b_var.value()
             b_used = tiles.replicated(b_read, b_tiling, tuple(bias.shape), rank, scale,
                                       counter, "b")
-        y = tiles.dense(x, rows, global_batch, w_used, w.tiling, shape, rows, rank, b_used,
-                        b_tiling, counter, name="layer")
-        surgery.replace_uses(out_old, y)
+        if layer.xent is None:
+            y = tiles.dense(x, rows, global_batch, w_used, w.tiling, shape, rows, rank,
+                            b_used, b_tiling, counter, name="layer")
+            surgery.replace_uses(out_old, y)
+            seed = dy
+        else:  # an LM's output layer: the loss from split logits, no worker holds a row
+            logits = tiles.logits_tiling(tiles.forms(w.tiling)[1])
+            y_tile = tiles.dense(x, rows, global_batch, w_used, w.tiling, shape, logits,
+                                 rank, b_used, b_tiling, counter, name="layer")
+            y = tiles.softmax_cross_entropy(y_tile, logits, global_batch, shape[1],
+                                            layer.xent.inputs[1], rows, rank, counter)
+            surgery.replace_uses(layer.xent.outputs[0], y)
+            seed = layer.dloss
         # dX only where the user's graph computes it (not for a first layer's input).
         wrt = [w_read] + ([b_read] if b_read is not None else [])
-        grads = tf.gradients(y, ([x] if dx_old else []) + wrt, grad_ys=dy)
+        grads = tf.gradients(y, ([x] if dx_old else []) + wrt, grad_ys=seed)
         grads = grads if dx_old else [None] + grads
         # Gated as the optimizer's GATE_OP gates them: a reference variable's read aliases
         # its buffer, so the in-place update of W must wait for dX = dY W^T.
@@ -246,19 +297,93 @@ def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made
                         grads[2], by_name, rank, scope + "/bias", made, updates)
 
 
+# Element-wise ops with a scalar or same-shape other operand: the post-processing of a
+# gradient (clip_by_global_norm's scaling, a constant factor) that a tile can go through.
+_TILE_WISE = frozenset({"Identity", "Mul", "RealDiv", "Div", "Cast", "Neg", "Maximum",
+                        "Minimum", "ClipByValue"})
+
+
+def _post_processing(graph, v: VariablePlan, raw: tf.Tensor):
+    """(the ops from `v`'s raw gradient to what its update reads, the `L2Loss`es of the
+    whole gradient that a global norm sums), refusing what a tile cannot go through."""
+    final = graph.get_tensor_by_name(v.gradients[0].final_values or v.gradients[0].values)
+    ahead, stack = set(), [raw.op]
+    while stack:
+        op = stack.pop()
+        if op.type == "L2Loss":
+            continue  # a global norm's term: what it feeds is the norm, not this gradient
+        for t in op.outputs:
+            for c in t.consumers():
+                if c not in ahead:
+                    ahead.add(c)
+                    stack.append(c)
+    behind, stack = {final.op}, [final.op]
+    while stack:
+        for t in stack.pop().inputs:
+            if t.op not in behind and t.op in ahead:
+                behind.add(t.op)
+                stack.append(t.op)
+    path = [op for op in ahead & behind]
+    norms = []
+    for t in [raw] + [o for op in path for o in op.outputs]:
+        for c in t.consumers():
+            if c in behind:
+                continue
+            if c.type == "L2Loss":  # clip_by_global_norm's term of this gradient
+                norms.append(c)
+            elif c.name not in v.gradients[0].ops:
+                raise NotYetSupportedError(
+                    f"tiling {v.name!r}: its gradient is read by {c.type} {c.name!r}, which "
+                    "needs the whole gradient (only global-norm clipping and element-wise "
+                    "scaling are followed on tiles)")
+    odd = [op for op in path if op.type not in _TILE_WISE]
+    if odd:
+        raise NotYetSupportedError(
+            f"tiling {v.name!r}: its gradient goes through {odd[0].type} {odd[0].name!r} "
+            "before the update; only global-norm clipping and element-wise scaling are "
+            "followed on tiles")
+    return path, norms, final
+
+
+def _replicas(tiling: Tiling) -> int:
+    n = 1
+    for c in tiling.cuts:
+        n *= c.parts if c.dim is None else 1
+    return n
+
+
+def _on_tile(graph, v: VariablePlan, grad: tf.Tensor, rank: int, scope: str):
+    """(the tensor `v`'s update reads, its value for the tile's gradient `grad`): the
+    user's post-processing of the whole gradient applied to the tile. A global norm's term
+    of the whole gradient (`L2Loss`) becomes the sum over the workers of their tiles'
+    terms (each tile once), one scalar Horovod allreduce (not in communication())."""
+    raw = graph.get_tensor_by_name(v.gradients[0].values)
+    if not v.gradients[0].post_processed:
+        return raw, grad
+    import horovod.tensorflow as hvd
+    path, norms, final = _post_processing(graph, v, raw)
+    with tf.compat.v1.name_scope(f"{scope}/post/"):
+        for i, l2 in enumerate(norms):
+            mine = tf.nn.l2_loss(grad) / float(_replicas(v.tiling))
+            total = hvd.allreduce(collectives.never_folded(tf.reshape(mine, [1])),
+                                  op=hvd.Sum, name=f"{safe_name(scope)}_norm_{i}")
+            surgery.replace_uses(l2.outputs[0], tf.reshape(total, []))
+    if not path:
+        return final, grad
+    copies = surgery.clone_ops(path, {raw: grad}, f"{scope}/post/", lambda op, ins: op.device)
+    return final, copies[final.op].outputs[final.value_index]
+
+
 def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, scope, made,
                     updates):
     """A copy of the user's update of `v` on its tile, its slots' tiles and `grad`."""
-    raw = graph.get_tensor_by_name(v.gradients[0].values)
-    if v.gradients[0].post_processed:
-        raise NotYetSupportedError(f"tiling {v.name!r}: its gradient is post-processed "
-                                   "before the update; not yet supported")
-    apply = [c for c in raw.consumers() if c.name in v.gradients[0].ops]
+    read, grad = _on_tile(graph, v, grad, rank, scope)
+    apply = [c for c in read.consumers() if c.name in v.gradients[0].ops]
     if len(apply) != 1:
         raise NotYetSupportedError(f"tiling {v.name!r}: expected one update op reading its "
                                    f"gradient, found {[c.name for c in apply]}")
     apply = apply[0]
-    inputs = {var_op.outputs[0]: surgery.variable_input(tile), raw: grad}
+    inputs = {var_op.outputs[0]: surgery.variable_input(tile), read: grad}
     for t in apply.inputs:
         slot = t.op
         if slot is var_op or slot.type not in ("VariableV2", "VarHandleOp"):

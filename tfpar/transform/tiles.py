@@ -107,14 +107,36 @@ def dense(x: tf.Tensor, x_tiling: Tiling, batch: int, w_tile: tf.Tensor, w_tilin
         return y
 
 
-def _rows_only(t: Tiling) -> Tiling:
+def rows_only(t: Tiling) -> Tiling:
     """`t` with its column cuts replicated: the rows a worker's tile covers, whole."""
     return Tiling(tuple(Cut(None, c.parts) if c.dim == 1 else c for c in t.cuts))
 
 
-def _rows_partial(t: Tiling) -> Tiling:
+def rows_partial(t: Tiling) -> Tiling:
     """`t` with its column cuts as partial sums (per-row sums over a column slice)."""
     return Tiling(tuple(Cut(RED, c.parts) if c.dim == 1 else c for c in t.cuts))
+
+
+def logits_tiling(made_y: Tiling) -> Tiling:
+    """The tiling a split softmax reads logits in: the product's, its partial sums (a
+    weight split by rows) reduced into a split of the rows."""
+    return Tiling(tuple(Cut(0, c.parts) if c.dim == RED else c for c in made_y.cuts))
+
+
+def softmax_moved_bytes(tiling: Tiling, batch: int, labels_tiling: Tiling,
+                        itemsize: int = 4) -> int:
+    """Bytes `softmax_cross_entropy` moves between workers per step, forward and
+    backward: the labels to the tiles' rows (ids travel as float64), the row maxima, the
+    sums and their adjoint, the loss back to the label rows and its adjoint."""
+    rows = rows_only(tiling)
+    slices = 1
+    for c in tiling.cuts:
+        slices *= c.parts if c.dim == 1 else 1
+    out = 8 * redistribution.moved(labels_tiling, rows, (batch, 1))
+    if slices > 1:
+        out += itemsize * (redistribution.moved(tiling, rows, (batch, slices))
+                           + 2 * redistribution.moved(rows_partial(tiling), rows, (batch, 2)))
+    return out + 2 * itemsize * redistribution.moved(rows, labels_tiling, (batch, 1))
 
 
 def softmax_cross_entropy(logits: tf.Tensor, tiling: Tiling, batch: int, vocab: int,
@@ -133,10 +155,10 @@ def softmax_cross_entropy(logits: tf.Tensor, tiling: Tiling, batch: int, vocab: 
         raise TfparError(f"{name}: logits must be whole values, not partial sums ({tiling})")
     with tf.compat.v1.name_scope(name):
         (_, _), (c0, c1) = tiling.tile_ranges((batch, vocab), rank)
-        rows = _rows_only(tiling)
+        rows = rows_only(tiling)
         # Labels of the rows this tile covers (ids travel as float64: exact below 2^53).
         row_labels = collectives.convert(tf.cast(labels, tf.float64)[:, None], labels_tiling,
-                                         rows, (batch, 1), rank, None, "labels")
+                                         rows, (batch, 1), rank, counter, "labels")
         row_labels = tf.stop_gradient(tf.cast(row_labels[:, 0], tf.int64))
         # The row maximum over every slice: each slice's maximum, gathered across the
         # column cuts as a [batch, slices] matrix.
@@ -159,7 +181,7 @@ def softmax_cross_entropy(logits: tf.Tensor, tiling: Tiling, batch: int, vocab: 
         picked = tf.gather(logits, local_ids, axis=1, batch_dims=1)[:, None]
         target = picked * tf.cast(in_slice, logits.dtype)[:, None]
         partial = tf.concat([sum_exp, target], axis=1)  # [rows, 2], summed over slices
-        total = (collectives.convert(partial, _rows_partial(tiling), rows, (batch, 2), rank,
+        total = (collectives.convert(partial, rows_partial(tiling), rows, (batch, 2), rank,
                                      counter, "sums") if slices > 1 else partial)
         loss = tf.math.log(total[:, 0]) + row_max[:, 0] - total[:, 1]
         return collectives.convert(loss[:, None], rows, labels_tiling, (batch, 1), rank,
