@@ -370,17 +370,25 @@ def auto_tiles(plan: Plan, planned, min_bytes: int, layer_bytes) -> Tuple[Plan, 
         if not any(c.dim is not None for c in tiling.cuts):
             why.append(f"tiling auto: the planner keeps {name} whole on every device")
             continue
-        trial = plan.with_tiles({name: tiling})
         try:
-            split_bytes = layer_bytes(trial)[name]
+            layer_bytes(plan.with_tiles({name: tiling}))
         except NotYetSupportedError as e:
             why.append(f"tiling auto: {name} kept on allreduce: {e}")
             continue
-        if v.predicted_bytes is not None and split_bytes >= v.predicted_bytes:
-            why.append(f"tiling auto: {name} split {tiling} would move {split_bytes:,.0f} B "
-                       f"per step, its allreduce {v.predicted_bytes:,.0f} B: kept on allreduce")
-            continue
         chosen[name] = tiling
+    # Judged together, since chained layers keep the activations between them split: the
+    # layer that pays least for its split goes back to allreduce until every one pays.
+    while chosen:
+        moved = layer_bytes(plan.with_tiles(chosen))
+        ratio = {name: moved[name] / plan.variable(name).predicted_bytes for name in chosen
+                 if plan.variable(name).predicted_bytes}
+        worst = max(ratio, key=lambda name: (ratio[name], name), default=None)
+        if worst is None or ratio[worst] < 1.0:
+            break
+        why.append(f"tiling auto: {worst} split {chosen[worst]} would move "
+                   f"{moved[worst]:,.0f} B per step, its allreduce "
+                   f"{plan.variable(worst).predicted_bytes:,.0f} B: kept on allreduce")
+        del chosen[worst]
     if not chosen:
         return plan, why
     split = plan.with_tiles(chosen)

@@ -26,7 +26,7 @@ from tfpar.transform import surgery
 from tfpar.transform.graph_copy import copy_graph, to_meta_graph
 from tfpar.transform.naming import safe_name
 from tfpar.transform.rewrite import rewrite
-from tfpar.transform.tiled import predicted_bytes, tile_of, whole
+from tfpar.transform.tiled import chains, predicted_bytes, tile_of, whole
 from tfpar.transform.traffic import PATHS, counters
 
 log = logging.getLogger("tfpar")
@@ -89,9 +89,14 @@ def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout) -> Pla
     split layer will move."""
     def layer_bytes(p):
         return predicted_bytes(graph, p)
+
+    def with_chains(p):
+        return dataclasses.replace(p, notes=p.notes + tuple(
+            f"tiled chain: {' -> '.join(c)} (the activations between stay split)"
+            for c in chains(graph, p) if len(c) > 1))
     if config.tiling != "auto":
         split = _with_tiles(plan, config.tiling)
-        return split.with_predicted(layer_bytes(split))
+        return with_chains(split.with_predicted(layer_bytes(split)))
     from tfpar.mesh import DeviceMesh
     from tfpar.partition.tiling.extract import extract
     from tfpar.partition.tiling.planner import plan_tiling
@@ -104,7 +109,7 @@ def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout) -> Pla
     except TfparError as e:
         return dataclasses.replace(plan, notes=plan.notes + (f"tiling auto: nothing split ({e})",))
     split, why = auto_tiles(plan, planned, config.tiling_min_bytes, layer_bytes)
-    return dataclasses.replace(split, tiling=planned, notes=split.notes + tuple(why))
+    return with_chains(dataclasses.replace(split, tiling=planned, notes=split.notes + tuple(why)))
 
 
 def _measure(meta, analysis, config: Config, layout):

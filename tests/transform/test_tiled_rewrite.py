@@ -57,6 +57,13 @@ def scenarios(n, plan_file):
              "clip": CLIP} for opt in ("sgd", "adam")]
     out += [{"name": "clipped_lm_output_adam", "tiling": vocab, "optimizer": "adam",
              "lm": True, "sizes": LM, "clip": CLIP}]
+    # Chains: the hidden activation stays split between two split layers (columns then
+    # rows: no exchange between them; a hidden layer then an LM's output layer: gathered
+    # once); GELU's ops (scalar constants, the activation read twice) run on tiles too.
+    out += [{"name": "lm_chain_adam", "tiling": {**plans["columns then rows"], **vocab},
+             "optimizer": "adam", "lm": True, "sizes": LM}]
+    out += [{"name": "gelu_chain_momentum", "tiling": plans["columns then rows"],
+             "optimizer": "momentum", "activation": "gelu"}]
     # The tiling planner's own plan, as `tfpar plan --tiling --json` wrote it, and "auto"
     # (the planner in the job; every weight considered).
     out += [{"name": f"planner_json_{opt}", "tiling": plan_file, "optimizer": opt}
@@ -83,10 +90,10 @@ def planner_json(n, folder) -> str:
 
 
 def single_device(opt_name, embedding=False, resource=True, sizes=SIZES, lm=False,
-                  clip=None):
+                  clip=None, activation="relu"):
     values, batches = initial(sizes, GLOBAL_BATCH, STEPS)
     g, x, t, train, opt = build(sizes, values, opt_name, GLOBAL_BATCH, embedding, resource,
-                                lm, clip)
+                                lm, clip, activation)
     with tf.compat.v1.Session(graph=g) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for xs, ts in batches:
@@ -113,7 +120,8 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
         ranks = [np.load(os.path.join(out, sc["name"], f"rank{r}.npz")) for r in range(n)]
         expected = single_device(sc["optimizer"], sc.get("embedding", False),
                                  sc.get("resource", True), sc.get("sizes", SIZES),
-                                 sc.get("lm", False), sc.get("clip"))
+                                 sc.get("lm", False), sc.get("clip"),
+                                 sc.get("activation", "relu"))
         routes = json.loads(str(ranks[0]["__routes"]))
         plan = tfpar.Plan.from_json(str(ranks[0]["__plan"]))
         if sc["tiling"] == "auto":
@@ -141,6 +149,16 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
                 assert not any("SparseSoftmaxCrossEntropyWithLogits" in op for op in ran)
                 assert any(op.startswith("tfpar/tiled/dense_1_kernel/split_softmax")
                            for op in ran)
+        # A chain keeps the hidden activation split: the user's activation ops did not
+        # run, their copies on tiles did, and the plan says so.
+        chained = "dense/kernel" in asked and "dense_1/kernel" in asked and \
+            "dense/bias" in asked
+        ran = set(ranks[0]["__ran"].tolist())
+        activation = "Relu" if sc.get("activation", "relu") == "relu" else "Erf"
+        assert (f"dense/{activation}" in ran) != chained, sc["name"]
+        assert any(op.startswith("tfpar/tiled/dense_kernel/then/") and op.endswith(activation)
+                   for op in ran) == chained, sc["name"]
+        assert any("dense/kernel -> dense_1/kernel" in note for note in plan.notes) == chained
         if sc["name"] == "auto_threshold_momentum":  # kept, and the plan says why
             assert not asked and predicted == measured == 0
             assert any("below tiling_min_bytes" in note for note in plan.notes)
@@ -264,3 +282,45 @@ def test_post_processing_a_tile_cannot_follow_is_refused_clearly():
     plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
     with pytest.raises(NotYetSupportedError, match="only global-norm clipping"):
         predicted_bytes(g, _with_tiles(plan, {"w": "C"}))
+
+
+def test_chains_keep_activations_split_only_where_nothing_else_reads_them():
+    """Two split layers with an activation between them form a chain (the activation's
+    exchange disappears from the predicted bytes); a bias left whole between them, or a
+    second reader of the activation (an activity penalty in the loss), breaks it."""
+    from tfpar.analysis import analyse
+    from tfpar.planner import make_plan
+    from tfpar.resources import parse_resources
+    from tfpar.runner import _with_tiles
+    from tfpar.transform.tiled import chains, layer_bytes, predicted_bytes
+    from tfpar.partition.tiling.cuts import Tiling
+    from tfpar.transform import tiles
+    values, _ = initial(SIZES, GLOBAL_BATCH, 1)
+    g, *_ = build(SIZES, values, "adam", GLOBAL_BATCH // 2)  # a worker's rows
+    plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
+    megatron = _with_tiles(plan, {"dense/kernel": "C", "dense/bias": "R", "dense_1/kernel": "R"})
+    assert chains(g, megatron) == [["dense/kernel", "dense_1/kernel"]]
+    got = predicted_bytes(g, megatron)
+    # Alone, each layer converts from and to the batch split; chained, the columns the
+    # first makes are the columns the second reads: no exchange between them.
+    c, r = Tiling.parse("C"), Tiling.parse("R")
+    alone = layer_bytes(r, (12, 6), GLOBAL_BATCH)
+    assert got["dense_1/kernel"] == layer_bytes(r, (12, 6), GLOBAL_BATCH,
+                                                x_from=tiles.forms(r)[0]) < alone
+    assert got["dense/kernel"] == layer_bytes(c, (8, 12), GLOBAL_BATCH, Tiling.parse("R"),
+                                              False, y_to=tiles.forms(r)[0])
+    # The first layer's bias left whole: added by the user's op, in the batch split.
+    no_bias = _with_tiles(plan, {"dense/kernel": "C", "dense_1/kernel": "R"})
+    assert sorted(chains(g, no_bias)) == [["dense/kernel"], ["dense_1/kernel"]]
+    assert predicted_bytes(g, no_bias)["dense_1/kernel"] == alone
+    # The activation read by the loss as well (an activity penalty): no chain.
+    g2 = tf.Graph()
+    with g2.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [GLOBAL_BATCH // 2, 8])
+        h = tf.compat.v1.layers.dense(x, 12, activation=tf.nn.relu)
+        y = tf.compat.v1.layers.dense(h, 6)
+        loss = tf.reduce_mean(tf.square(y)) + 0.01 * tf.reduce_mean(tf.square(h))
+        tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+    plan2 = make_plan(analyse(g2), tfpar.Config(), parse_resources("localhost:2"))
+    split2 = _with_tiles(plan2, {"dense/kernel": "C", "dense/bias": "R", "dense_1/kernel": "R"})
+    assert sorted(chains(g2, split2)) == [["dense/kernel"], ["dense_1/kernel"]]

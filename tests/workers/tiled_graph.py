@@ -3,7 +3,8 @@ tfpar.get_runner with Config(tiling=...), weights split over the workers by the 
 
 usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling": (as
 Config.tiling: {variable: tiling}, "auto" or a plan file), "optimizer", optional
-"tiling_min_bytes", "embedding", "resource", "sizes", "lm", "clip"}], "sizes", "global_batch", "steps"}. Saves per scenario
+"tiling_min_bytes", "embedding", "resource", "sizes", "lm", "clip", "activation"}],
+"sizes", "global_batch", "steps"}. Saves per scenario
 this worker's tiles (with the boxes they hold) and every other variable's value, and the
 split variables fetched whole; its checkpoint is the scenario's folder.
 """
@@ -23,13 +24,17 @@ tf1 = tf.compat.v1
 VOCAB = 40
 
 
+ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
+
+
 def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=False,
-          clip=None):
+          clip=None, activation="relu"):
     """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss.
     With `lm`, the last layer is a language model's output projection over a vocabulary
     of sizes[-1] words and the loss the mean sparse softmax cross-entropy of labels (word
     ids made from x). With `clip`, the gradients are clipped by their global norm (as the
-    NMT tutorial does) before the update.
+    NMT tutorial does) before the update. `activation`: the hidden layers' ("relu" or
+    "gelu", whose ops take scalar constants and the activation twice).
     With `embedding`, the input is the sum of x and rows of an embedding looked up by
     ids (a sparse gradient: HYBRID keeps it on the parameter servers). `resource`: False
     for reference variables (TF1's, under disable_v2_behavior)."""
@@ -45,7 +50,8 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=Fal
             h = x + tf.nn.embedding_lookup(table, ids)
         for i in range(1, len(sizes)):
             h = tf1.layers.dense(
-                h, sizes[i], activation=tf.nn.relu if i < len(sizes) - 1 else None,
+                h, sizes[i],
+                activation=ACTIVATIONS[activation] if i < len(sizes) - 1 else None,
                 kernel_initializer=tf1.constant_initializer(values[f"W{i}"]),
                 bias_initializer=tf1.constant_initializer(values[f"b{i}"]))
         if lm:
@@ -84,7 +90,7 @@ def main(spec_path, out_dir):
         values, batches = initial(sizes, gb, spec["steps"])
         g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False),
                                   sc.get("resource", True), sc.get("lm", False),
-                                  sc.get("clip"))
+                                  sc.get("clip"), sc.get("activation", "relu"))
         with g.as_default():
             saver = tf1.train.Saver()  # the user's own, as TF1 scripts build it
         out = {}

@@ -23,17 +23,22 @@ column split): the per-row loss comes from the split softmax (`tiles.softmax_cro
 and replaces the user's, whose gradient seeds the backward; no worker computes a whole
 row of logits.
 
-The boundary of every layer is the batch split (each worker's own rows), so layers that
-tfpar does not split, and the loss, see the tensors they saw; `layer_bytes` counts what a
-layer moves, from the exchanges alone. A gradient the user post-processes
-before the update (`clip_by_global_norm`, element-wise scaling) is post-processed on the
-tile (`_on_tile`). Not yet: chains kept in one tiling across layers, other
-post-processing of a tiled weight's gradient, weights read by more than one matmul.
+Split layers one after the other (a dense layer, element-wise ops such as its activation,
+the next dense layer, nothing else reading what is between them) form a chain (`_chains`):
+the activations between them stay split, converted once from the tiling the first layer
+makes to the one the next needs (Megatron's columns-then-rows: not at all), and the
+element-wise ops run on the tiles (copies of the user's). Every chain starts from and ends
+in the batch split (each worker's own rows), so layers that tfpar does not split, and the
+loss, see the tensors they saw; `layer_bytes` counts what a layer moves, from the
+exchanges alone. A gradient the user post-processes before the update
+(`clip_by_global_norm`, element-wise scaling) is post-processed on the tile (`_on_tile`).
+Not yet: other post-processing of a tiled weight's gradient, weights read by more than one
+matmul, chains that fork.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -93,12 +98,13 @@ def apply_tiling(graph: tf.Graph, plan: Plan, rank: int, counter=None) -> Option
     by_name = {v.name: v for v in plan.variables}
     made: Dict[str, tf.Variable] = {}
     updates: List[tf.Operation] = []
+    for w in weights:
+        if w.tiling.devices != n:
+            raise TfparError(f"the plan splits {w.name!r} over {w.tiling.devices} devices "
+                             f"({w.tiling}), but the job has {n} workers: plan for {n}")
     with graph.as_default():
-        for w in weights:
-            if w.tiling.devices != n:
-                raise TfparError(f"the plan splits {w.name!r} over {w.tiling.devices} devices "
-                                 f"({w.tiling}), but the job has {n} workers: plan for {n}")
-            _rewrite_layer(graph, plan, w, by_name, rank, n, counter, made, updates)
+        for chain in _chains(graph, plan):
+            _rewrite_chain(graph, plan, chain, by_name, rank, n, counter, made, updates)
         _forget_whole(graph, made)
     return TiledRewrite(made, updates)
 
@@ -107,6 +113,7 @@ def apply_tiling(graph: tf.Graph, plan: Plan, rank: int, counter=None) -> Option
 class _Layer:
     """A split weight's layer as the user's graph has it."""
 
+    w: VariablePlan
     matmul: tf.Operation  # the forward x @ W
     x: tf.Tensor
     batch: int  # this worker's rows
@@ -118,6 +125,9 @@ class _Layer:
     # layer): that op, and the gradient the user's graph computes for its per-row loss.
     xent: Optional[tf.Operation] = None
     dloss: Optional[tf.Tensor] = None
+    # The split layer this one's output feeds in a chain, and the element-wise ops between.
+    next: Optional["_Layer"] = None
+    path: Tuple[tf.Operation, ...] = ()
 
 
 def _layer(graph, w: VariablePlan, by_name) -> _Layer:
@@ -165,7 +175,7 @@ def _layer(graph, w: VariablePlan, by_name) -> _Layer:
             bias, out = by_name[source.name], add.outputs[0]
             break
     xent, dloss = _softmax_after(out)
-    return _Layer(matmul, x, batch, bias, out, dy, dx, xent, dloss)
+    return _Layer(w, matmul, x, batch, bias, out, dy, dx, xent, dloss)
 
 
 def _softmax_after(out: tf.Tensor):
@@ -195,12 +205,131 @@ def _used(t: tf.Tensor) -> bool:
     return bool(t.consumers())
 
 
+# Element-wise ops the activations between two chained layers can go through on tiles:
+# each input is another such tensor of the same shape, or a scalar.
+_ELEMENT_WISE = frozenset({
+    "Identity", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softplus",
+    "Softsign", "Erf", "Exp", "Square", "Neg", "Cast", "Mul", "AddV2", "Add", "Sub",
+    "RealDiv", "Maximum", "Minimum"})
+
+
+def _descendants(t: tf.Tensor) -> set:
+    seen, stack = set(), [t]
+    while stack:
+        for c in stack.pop().consumers():
+            if c not in seen:
+                seen.add(c)
+                stack.extend(c.outputs)
+    return seen
+
+
+def _reaches(t: tf.Tensor, target: tf.Operation) -> bool:
+    seen, stack = set(), [t.op]
+    while stack:
+        op = stack.pop()
+        if op is target:
+            return True
+        for i in op.inputs:
+            if i.op not in seen:
+                seen.add(i.op)
+                stack.append(i.op)
+    return False
+
+
+def _between(a: _Layer, b: _Layer) -> Optional[Tuple[tf.Operation, ...]]:
+    """The element-wise ops from layer a's output to layer b's input when a feeds b alone
+    (nothing else in the forward pass reads them: the user's backward of them, which only
+    runs from b's gradient, does not count), else None."""
+    if a.xent is not None or a.batch != b.batch or \
+            [c.parts for c in a.w.tiling.cuts] != [c.parts for c in b.w.tiling.cuts]:
+        return None
+    shape = a.out.shape.as_list()
+    path, stack = set(), [b.x]
+    while stack:
+        t = stack.pop()
+        if t is a.out:
+            continue
+        if t.op.type not in _ELEMENT_WISE or t.shape.as_list() != shape:
+            return None
+        if t.op in path:
+            continue
+        path.add(t.op)
+        for i in t.op.inputs:
+            if i.shape.rank == 0 and not _reaches(i, a.out.op):
+                continue  # a scalar (a constant factor, LeakyRelu's slope as a tensor)
+            stack.append(i)
+    backward, memo = _descendants(b.dy), {}
+
+    def for_backward(op):  # the user's backward, or what only it reads (a Shape for a Mul)
+        if op not in memo:
+            memo[op] = False
+            users = [c for o in op.outputs for c in o.consumers()]
+            memo[op] = op in backward or (bool(users) and all(for_backward(c) for c in users))
+        return memo[op]
+    for t in [a.out] + [o for op in path for o in op.outputs]:
+        for c in t.consumers():
+            if c not in path and c is not b.matmul and not for_backward(c):
+                return None
+    return tuple(sorted(path, key=lambda op: op.name))
+
+
+def _chains(graph: tf.Graph, plan: Plan) -> List[List[_Layer]]:
+    """The plan's split layers in chains (module doc), each in forward order."""
+    by_name = {v.name: v for v in plan.variables}
+    layers = [_layer(graph, w, by_name) for w in plan.variables
+              if w.route == "tiled" and w.slot_of is None and len(w.shape) == 2]
+    fed = set()
+    for a in layers:
+        for b in layers:
+            if b is not a and id(b) not in fed:
+                path = _between(a, b)
+                if path is not None:
+                    a.next, a.path = b, path
+                    fed.add(id(b))
+                    break
+    chains = []
+    for head in layers:
+        if id(head) in fed:
+            continue
+        chain = [head]
+        while chain[-1].next is not None:
+            chain.append(chain[-1].next)
+        chains.append(chain)
+    return chains
+
+
+def _boundaries(chain: List[_Layer]) -> List[Tuple[Tiling, Tiling]]:
+    """(the tiling each layer of a chain reads its input in, the one it leaves its output
+    in): the chain's ends in the batch split (a language model's output layer ends in its
+    logits' split), an activation inside in the tiling the next layer reads it in."""
+    x = tiles.batch_split([c.parts for c in chain[0].w.tiling.cuts])
+    rows, out = x, []
+    for layer in chain:
+        if layer.next is not None:
+            y = tiles.forms(layer.next.w.tiling)[0]
+        elif layer.xent is not None:
+            y = tiles.logits_tiling(tiles.forms(layer.w.tiling)[1])
+        else:
+            y = rows
+        out.append((x, y))
+        x = y
+    return out
+
+
+def chains(graph: tf.Graph, plan: Plan) -> List[List[str]]:
+    """The plan's split weights in chains of layers whose activations stay split between
+    them (each chain in forward order; a lone layer is a chain of one)."""
+    return [[layer.w.name for layer in chain] for chain in _chains(graph, plan)]
+
+
 def layer_bytes(w: Tiling, shape, batch: int, bias: Optional[Tiling] = None,
                 input_gradient: bool = True, itemsize: int = 4,
-                softmax: bool = False) -> float:
+                softmax: bool = False, x_from: Optional[Tiling] = None,
+                y_to: Optional[Tiling] = None) -> float:
     """Bytes per worker per step (sent plus received, the mean over workers) that the
-    rewrite's layer moves: X from the batch split into the form `w` needs and its adjoint
-    (when dX is computed), the product back to the batch split (with `softmax`: to the
+    rewrite's layer moves: X from the tiling it arrives in (`x_from`; default the batch
+    split) into the form `w` needs and its adjoint (when dX is computed), the product into
+    the tiling its consumer reads (`y_to`; default the batch split, with `softmax` the
     logits' split, then the split softmax's exchanges) and its adjoint, the gradient of
     replicated tiles summed, and the bias likewise. Pure: what the plan shows before the
     job runs, and what `communication()["tiled"]` measures."""
@@ -208,8 +337,9 @@ def layer_bytes(w: Tiling, shape, batch: int, bias: Optional[Tiling] = None,
     n = w.devices
     rows = tiles.batch_split([c.parts for c in w.cuts])
     need_x, made_y = tiles.forms(w)
-    y = tiles.logits_tiling(made_y) if softmax else rows
-    elements = (redistribution.moved(rows, need_x, (batch, k)) * (2 if input_gradient else 1)
+    x = x_from if x_from is not None else rows
+    y = y_to if y_to is not None else (tiles.logits_tiling(made_y) if softmax else rows)
+    elements = (redistribution.moved(x, need_x, (batch, k)) * (2 if input_gradient else 1)
                 + 2 * redistribution.moved(made_y, y, (batch, m))
                 + redistribution.moved(tiles.summed(w), w, (k, m)))
     if bias is not None:
@@ -222,79 +352,90 @@ def layer_bytes(w: Tiling, shape, batch: int, bias: Optional[Tiling] = None,
 
 
 def predicted_bytes(graph: tf.Graph, plan: Plan) -> Dict[str, float]:
-    """{split weight: `layer_bytes` of its layer in `graph`} for the plan's tiled weights
-    (biases count with their layer). Raises for a weight the rewrite cannot split."""
-    by_name = {v.name: v for v in plan.variables}
+    """{split weight: `layer_bytes` of its layer in `graph`, in its chain} for the plan's
+    tiled weights (biases count with their layer). Raises for a weight the rewrite cannot
+    split."""
     out = {}
-    for w in plan.variables:
-        if w.route == "tiled" and w.slot_of is None and len(w.shape) == 2:
-            layer = _layer(graph, w, by_name)
-            global_batch = layer.batch * plan.num_workers
-            out[w.name] = layer_bytes(w.tiling, tuple(w.shape), global_batch,
+    for chain in _chains(graph, plan):
+        for i, (layer, (x_from, y_to)) in enumerate(zip(chain, _boundaries(chain))):
+            w = layer.w
+            out[w.name] = layer_bytes(w.tiling, tuple(w.shape), layer.batch * plan.num_workers,
                                       layer.bias.tiling if layer.bias else None,
-                                      bool(layer.dx), tf.as_dtype(w.dtype).size,
-                                      layer.xent is not None)
+                                      bool(layer.dx) or i > 0, tf.as_dtype(w.dtype).size,
+                                      layer.xent is not None, x_from, y_to)
     return out
 
 
-def _rewrite_layer(graph, plan, w: VariablePlan, by_name, rank, n, counter, made, updates):
-    w_op = graph.get_operation_by_name(w.name)
-    shape = tuple(w.shape)
-    layer = _layer(graph, w, by_name)
-    x, batch, bias, out_old, dy, dx_old = (layer.x, layer.batch, layer.bias, layer.out,
-                                          layer.dy, layer.dx)
-    cuts = [c.parts for c in w.tiling.cuts]
-    rows = tiles.batch_split(cuts)
-    global_batch = batch * n
-    scale = 1.0 / n if w.reduction != "sum" else 1.0
-    scope = f"tfpar/tiled/{safe_name(w.name)}"
-    with tf.compat.v1.name_scope(scope + "/"):
-        w_tile = _new_tile(graph, w_op, w.tiling, shape, rank, f"{scope}/tile")
-        made[w.name] = w_tile
-        w_read = w_tile.value() if hasattr(w_tile, "value") else tf.identity(w_tile)
-        w_used = tiles.replicated(w_read, w.tiling, shape, rank, scale, counter, "W")
-        b_read = b_used = b_tiling = None
-        if bias is not None:
-            b_tiling = bias.tiling
-            b_var = _new_tile(graph, graph.get_operation_by_name(bias.name), b_tiling,
-                              tuple(bias.shape), rank, f"{scope}/bias_tile")
-            made[bias.name] = b_var
-            b_read = b_var.value()
-            b_used = tiles.replicated(b_read, b_tiling, tuple(bias.shape), rank, scale,
-                                      counter, "b")
-        if layer.xent is None:
-            y = tiles.dense(x, rows, global_batch, w_used, w.tiling, shape, rows, rank,
-                            b_used, b_tiling, counter, name="layer")
-            surgery.replace_uses(out_old, y)
-            seed = dy
-        else:  # an LM's output layer: the loss from split logits, no worker holds a row
-            logits = tiles.logits_tiling(tiles.forms(w.tiling)[1])
-            y_tile = tiles.dense(x, rows, global_batch, w_used, w.tiling, shape, logits,
-                                 rank, b_used, b_tiling, counter, name="layer")
-            y = tiles.softmax_cross_entropy(y_tile, logits, global_batch, shape[1],
-                                            layer.xent.inputs[1], rows, rank, counter)
-            surgery.replace_uses(layer.xent.outputs[0], y)
-            seed = layer.dloss
+def _rewrite_chain(graph, plan, chain: List[_Layer], by_name, rank, n, counter, made,
+                   updates):
+    first, last = chain[0], chain[-1]
+    global_batch = first.batch * n
+    x = first.x
+    reads = []  # per layer: (its weight's tile read, its bias's or None, its scope)
+    for layer, (x_tiling, y_tiling) in zip(chain, _boundaries(chain)):
+        w, bias = layer.w, layer.bias
+        w_op = graph.get_operation_by_name(w.name)
+        shape = tuple(w.shape)
+        scale = 1.0 / n if w.reduction != "sum" else 1.0
+        scope = f"tfpar/tiled/{safe_name(w.name)}"
+        with tf.compat.v1.name_scope(scope + "/"):
+            w_tile = _new_tile(graph, w_op, w.tiling, shape, rank, f"{scope}/tile")
+            made[w.name] = w_tile
+            w_read = w_tile.value() if hasattr(w_tile, "value") else tf.identity(w_tile)
+            w_used = tiles.replicated(w_read, w.tiling, shape, rank, scale, counter, "W")
+            b_read = b_used = b_tiling = None
+            if bias is not None:
+                b_tiling = bias.tiling
+                b_var = _new_tile(graph, graph.get_operation_by_name(bias.name), b_tiling,
+                                  tuple(bias.shape), rank, f"{scope}/bias_tile")
+                made[bias.name] = b_var
+                b_read = b_var.value()
+                b_used = tiles.replicated(b_read, b_tiling, tuple(bias.shape), rank, scale,
+                                          counter, "b")
+            reads.append((w_read, b_read, scope))
+            y = tiles.dense(x, x_tiling, global_batch, w_used, w.tiling, shape, y_tiling,
+                            rank, b_used, b_tiling, counter, name="layer")
+            if layer.next is not None:  # the activation, on tiles, into the next layer
+                copies = surgery.clone_ops(layer.path, {layer.out: y}, "then/",  # in scope
+                                           lambda op, ins: op.device)
+                nx = layer.next.x
+                x = copies[nx.op].outputs[nx.value_index] if nx.op in copies else y
+            elif layer.xent is not None:  # an LM's output layer: no worker holds a row
+                rows = tiles.batch_split([c.parts for c in w.tiling.cuts])
+                y = tiles.softmax_cross_entropy(y, y_tiling, global_batch, shape[1],
+                                                layer.xent.inputs[1], rows, rank, counter)
+                surgery.replace_uses(layer.xent.outputs[0], y)
+                seed = layer.dloss
+            else:
+                surgery.replace_uses(layer.out, y)
+                seed = layer.dy
+    wrt = [t for w_read, b_read, _ in reads for t in (w_read, b_read) if t is not None]
+    with tf.compat.v1.name_scope(reads[-1][2] + "/"):
         # dX only where the user's graph computes it (not for a first layer's input).
-        wrt = [w_read] + ([b_read] if b_read is not None else [])
-        grads = tf.gradients(y, ([x] if dx_old else []) + wrt, grad_ys=seed)
-        grads = grads if dx_old else [None] + grads
+        grads = tf.gradients(y, ([first.x] if first.dx else []) + wrt, grad_ys=seed)
+        grads = grads if first.dx else [None] + grads
         # Gated as the optimizer's GATE_OP gates them: a reference variable's read aliases
         # its buffer, so the in-place update of W must wait for dX = dY W^T.
         present = [g for g in grads if g is not None]
         gated = iter(tf.tuple(present, name="gate"))
         grads = [next(gated) if g is not None else None for g in grads]
-    if dx_old and grads[0] is not None:
-        old = dx_old[0]
+    if first.dx and grads[0] is not None:
+        old = first.dx[0]
         # Past gate_gradients' identity, whose control input would still run the old
         # backward (and read the whole weight, which no longer exists).
         while len(old.consumers()) == 1 and old.consumers()[0].type == "Identity":
             old = old.consumers()[0].outputs[0]
         surgery.replace_uses(old, grads[0])
-    _replace_update(graph, w, w_op, w_tile, grads[1], by_name, rank, scope, made, updates)
-    if bias is not None:
-        _replace_update(graph, bias, graph.get_operation_by_name(bias.name), made[bias.name],
-                        grads[2], by_name, rank, scope + "/bias", made, updates)
+    new_grads = iter(grads[1:])
+    for layer, (_, b_read, scope) in zip(chain, reads):
+        w_op = graph.get_operation_by_name(layer.w.name)
+        _replace_update(graph, layer.w, w_op, made[layer.w.name], next(new_grads), by_name,
+                        rank, scope, made, updates)
+        if b_read is not None:
+            bias = layer.bias
+            _replace_update(graph, bias, graph.get_operation_by_name(bias.name),
+                            made[bias.name], next(new_grads), by_name, rank, scope + "/bias",
+                            made, updates)
 
 
 # Element-wise ops with a scalar or same-shape other operand: the post-processing of a
