@@ -204,6 +204,7 @@ def _plot(rows, path):
         ax.set_xticks([i + 0.4 - 0.4 / len(SYSTEMS) for i in range(len(labels))])
         ax.set_xticklabels([f"{m}\nN={n}" for m, n in labels], fontsize=7)
         ax.set_title(title)
+    axes[1].set_yscale("log")  # hundreds of MB against a few hundred kB
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -57,7 +57,8 @@ class Config:
         optimizer state shared by all variables (Adam's beta powers) count this worker's
         steps, and allreduce routes (HYBRID's dense variables) stay
         synchronous. Results are not bit-equal to single-device training.
-      tiling: model parallelism for wide dense layers: None (off, the default) or
+      tiling: model parallelism for wide dense layers: None (off, the default: a split
+        weight cannot be saved by the user's own Saver on the chief alone) or
         {variable name: tiling}, e.g. {"dense/kernel": "C", "dense/bias": "r"} (tilings as
         `tfpar plan --tiling` prints them: R rows, C columns, r replicated, one letter
         per cut). Each listed weight (the W of one `x @ W`) is split over the workers and
