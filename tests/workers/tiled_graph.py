@@ -3,7 +3,8 @@ tfpar.get_runner with Config(tiling=...), weights split over the workers by the 
 
 usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling": (as
 Config.tiling: {variable: tiling}, "auto" or a plan file), "optimizer", optional
-"tiling_min_bytes", "embedding", "resource", "sizes", "lm", "clip", "activation"}],
+"tiling_min_bytes", "embedding", "resource", "sizes", "lm", "clip", "activation",
+"seq"}],
 "sizes", "global_batch", "steps"}. Saves per scenario
 this worker's tiles (with the boxes they hold) and every other variable's value, and the
 split variables fetched whole; its checkpoint is the scenario's folder.
@@ -28,13 +29,16 @@ ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
 
 
 def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=False,
-          clip=None, activation="relu"):
+          clip=None, activation="relu", seq=False):
     """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss.
     With `lm`, the last layer is a language model's output projection over a vocabulary
     of sizes[-1] words and the loss the mean sparse softmax cross-entropy of labels (word
     ids made from x). With `clip`, the gradients are clipped by their global norm (as the
     NMT tutorial does) before the update. `activation`: the hidden layers' ("relu" or
-    "gelu", whose ops take scalar constants and the activation twice).
+    "gelu", whose ops take scalar constants and the activation twice). With `seq` (and
+    `lm`), every example is a sequence of 2 positions ([batch, 2, width], batch-major):
+    the dense layers run as tensordot (Reshape, MatMul, Reshape) and the logits are
+    [batch, 2, vocab], as an NMT-style model's projection layer has them.
     With `embedding`, the input is the sum of x and rows of an embedding looked up by
     ids (a sparse gradient: HYBRID keeps it on the parameter servers). `resource`: False
     for reference variables (TF1's, under disable_v2_behavior)."""
@@ -48,6 +52,8 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=Fal
                                      .standard_normal((VOCAB, sizes[0])).astype(np.float32))
             ids = tf.cast(tf.math.floormod(tf.abs(x[:, 0]) * 1000.0, VOCAB), tf.int32)
             h = x + tf.nn.embedding_lookup(table, ids)
+        if seq:
+            h = tf.stack([h, 0.5 * h], axis=1)
         for i in range(1, len(sizes)):
             h = tf1.layers.dense(
                 h, sizes[i],
@@ -55,7 +61,8 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=Fal
                 kernel_initializer=tf1.constant_initializer(values[f"W{i}"]),
                 bias_initializer=tf1.constant_initializer(values[f"b{i}"]))
         if lm:
-            labels = tf.cast(tf.math.floormod(tf.abs(x[:, 1]) * 1000.0, sizes[-1]), tf.int64)
+            words = tf.stack([x[:, 1], x[:, 2]], axis=1) if seq else x[:, 1]
+            labels = tf.cast(tf.math.floormod(tf.abs(words) * 1000.0, sizes[-1]), tf.int64)
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=labels, logits=h))
         else:
@@ -90,7 +97,8 @@ def main(spec_path, out_dir):
         values, batches = initial(sizes, gb, spec["steps"])
         g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False),
                                   sc.get("resource", True), sc.get("lm", False),
-                                  sc.get("clip"), sc.get("activation", "relu"))
+                                  sc.get("clip"), sc.get("activation", "relu"),
+                                  sc.get("seq", False))
         with g.as_default():
             saver = tf1.train.Saver()  # the user's own, as TF1 scripts build it
         out = {}

@@ -32,8 +32,10 @@ in the batch split (each worker's own rows), so layers that tfpar does not split
 loss, see the tensors they saw; `layer_bytes` counts what a layer moves, from the
 exchanges alone. A gradient the user post-processes before the update
 (`clip_by_global_norm`, element-wise scaling) is post-processed on the tile (`_on_tile`).
+Layers on inputs [T, B, K] (tensordot: Reshape, MatMul, Reshape) are split the same way.
+A split bias must join a split weight's layer (else refused: nobody would train it).
 Not yet: other post-processing of a tiled weight's gradient, weights read by more than one
-matmul, chains that fork.
+matmul, chains that fork, chains across tensordot's Reshapes.
 """
 from __future__ import annotations
 
@@ -92,7 +94,7 @@ def apply_tiling(graph: tf.Graph, plan: Plan, rank: int, counter=None) -> Option
     """Rewrites `graph` in place for the plan's route "tiled" (module doc)."""
     weights = [v for v in plan.variables if v.route == "tiled" and v.slot_of is None
                and len(v.shape) == 2]
-    if not weights:
+    if not any(v.route == "tiled" for v in plan.variables):
         return None
     n = plan.num_workers
     by_name = {v.name: v for v in plan.variables}
@@ -161,8 +163,9 @@ def _layer(graph, w: VariablePlan, by_name) -> _Layer:
     # TensorFlow builds dX also for a first layer, whose input needs none: used or not is
     # what its consumers past gate_gradients' identities say.
     dx = [t for t in dx if _used(t)]
-    # A bias added to the product, if its variable is in the plan.
-    out, bias = matmul.outputs[0], None
+    # A bias added to the product (after tensordot's Reshape back to [..., M], for
+    # inputs of more than two dimensions), if its variable is in the plan.
+    out, bias = _regrouped(matmul.outputs[0]), None
     adds = [c for c in out.consumers() if c.type in ("BiasAdd", "AddV2", "Add")]
     for add in adds:
         other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
@@ -178,9 +181,29 @@ def _layer(graph, w: VariablePlan, by_name) -> _Layer:
     return _Layer(w, matmul, x, batch, bias, out, dy, dx, xent, dloss)
 
 
+def _regrouped(t: tf.Tensor) -> tf.Tensor:
+    """`t` past the Reshapes that alone read it and only regroup its rows (tensordot's
+    [rows, M] -> [T, B, M]; the cross-entropy's [T, B, M] -> [rows, M]): row order, the
+    last dimension and the size kept, shapes static."""
+    if not t.shape.is_fully_defined() or t.shape.rank < 2:
+        return t
+    m, size = t.shape.as_list()[-1], t.shape.num_elements()
+    while True:
+        users = [c for c in t.consumers() if c.type != "Shape"]
+        if len(users) != 1 or users[0].type != "Reshape":
+            return t
+        shape = users[0].outputs[0].shape
+        if not shape.is_fully_defined() or shape.rank < 2 or shape.as_list()[-1] != m \
+                or shape.num_elements() != size:
+            return t
+        t = users[0].outputs[0]
+
+
 def _softmax_after(out: tf.Tensor):
-    """(the sparse softmax cross-entropy that alone reads `out`, the gradient of its loss
-    in the user's graph), or (None, None)."""
+    """(the sparse softmax cross-entropy that alone reads `out` (or its rows regrouped,
+    for logits [T, B, vocab]), the gradient of its loss in the user's graph), or
+    (None, None)."""
+    out = _regrouped(out)
     users = out.consumers()
     if len(users) != 1 or users[0].type != "SparseSoftmaxCrossEntropyWithLogits" \
             or users[0].inputs[0] is not out:
@@ -278,6 +301,16 @@ def _chains(graph: tf.Graph, plan: Plan) -> List[List[_Layer]]:
     by_name = {v.name: v for v in plan.variables}
     layers = [_layer(graph, w, by_name) for w in plan.variables
               if w.route == "tiled" and w.slot_of is None and len(w.shape) == 2]
+    # Every other split variable must be a layer's bias (or a slot of one): one the
+    # rewrite did not take up would be trained by nobody.
+    joined = {layer.bias.name for layer in layers if layer.bias is not None}
+    for v in plan.variables:
+        if v.route == "tiled" and v.slot_of is None and len(v.shape) != 2 \
+                and v.name not in joined:
+            raise NotYetSupportedError(
+                f"tiling {v.name!r}: it is not the bias added to the product x @ W of a "
+                "weight split with it; split its weight too, or leave it out of "
+                "Config.tiling")
     fed = set()
     for a in layers:
         for b in layers:
@@ -406,8 +439,9 @@ def _rewrite_chain(graph, plan, chain: List[_Layer], by_name, rank, n, counter, 
                                                 layer.xent.inputs[1], rows, rank, counter)
                 surgery.replace_uses(layer.xent.outputs[0], y)
                 seed = layer.dloss
-            else:
-                surgery.replace_uses(layer.out, y)
+            else:  # (regrouped as the user's product was, for inputs [T, B, K])
+                surgery.replace_uses(layer.out, y if y.shape == layer.out.shape
+                                     else tf.reshape(y, layer.out.shape))
                 seed = layer.dy
     wrt = [t for w_read, b_read, _ in reads for t in (w_read, b_read) if t is not None]
     with tf.compat.v1.name_scope(reads[-1][2] + "/"):
