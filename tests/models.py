@@ -33,9 +33,11 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     (handles["norm"] is the raw global norm); scale_sparse: every IndexedSlices gradient's
     values times a tensor computed in the graph (from the global step); clip_by_norm:
     tf.clip_by_norm of every sparse gradient. second_update: a second optimizer also
-    trains `shared` (two updates of one variable). ema: an ExponentialMovingAverage of every
-    trained variable, applied after the training step. decoder: a seq2seq-style decoder
-    loop (`tf.while_loop`) whose body reads an attention weight and a decoder kernel.
+    trains `shared` (two updates of one variable); "late_read": its reads of `shared` and
+    `w2` come 0.5 s late on workers other than the chief. ema: an ExponentialMovingAverage
+    of every trained variable, applied after the training step. decoder: a seq2seq-style
+    decoder loop (`tf.while_loop`) whose body reads an attention weight and a decoder
+    kernel.
     """
     g = tf.Graph()
     with g.as_default():
@@ -97,7 +99,13 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
         if second_update:
             # Both updates run after every read of the step (as in a script that computes
             # all gradients first), so the single-device result does not depend on a race.
-            aux = tf.reduce_mean(tf.square(tf.nn.embedding_lookup(shared, (ids + 2) % SHARED_VOCAB)))
+            aux_ids = (ids + 2) % SHARED_VOCAB
+            factor = 1.0
+            if second_update == "late_read":  # reads of `shared` and `w2` after a delay
+                aux_ids = _late_on_other_workers(aux_ids)
+                with tf.control_dependencies([aux_ids]):
+                    factor = 1.0 + 0.1 * tf.reduce_mean(tf.identity(w2))
+            aux = tf.reduce_mean(tf.square(tf.nn.embedding_lookup(shared, aux_ids) * factor))
             opt2 = tf1.train.AdagradOptimizer(0.05)
             aux_grads = opt2.compute_gradients(aux, var_list=[shared])
             reads = [getattr(g, "values", g) for g, _ in grads_and_vars + aux_grads] + [loss]
@@ -112,6 +120,22 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
             with tf.control_dependencies([train_op]):
                 train_op = averages.apply(tf1.trainable_variables())
     return g, dict(x=x, y=y, ids=ids, loss=loss, train_op=train_op, norm=norm)
+
+
+def _late_on_other_workers(t: tf.Tensor, seconds: float = 0.5) -> tf.Tensor:
+    """`t`, available `seconds` late on every worker but the chief: what reads it reads
+    late. (A user's script can be that slow anywhere; this makes the order certain.)"""
+    import os
+    import time
+
+    def late(value):
+        if int(os.environ.get("HOROVOD_RANK", "0")) != 0:
+            time.sleep(seconds)
+        return value
+
+    out = tf1.py_func(late, [t], t.dtype, stateful=True)
+    out.set_shape(t.shape)
+    return out
 
 
 def worker_session_config():

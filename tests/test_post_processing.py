@@ -43,6 +43,13 @@ SCENARIOS_2 = [
     sc("hybrid_sgd_ref_clip_all", "sgd", {"partitions": {"shared": 2}}, clip=CLIP,
        use_resource=False),
     sc("hybrid_adagrad_two_updates", "adagrad", second_update=True),
+    # Worker 1 reads `shared` and `w2` for the second update 0.5 s after it has the first
+    # update's gradient: the chief must still apply both only after those reads, as the
+    # script orders it (a push waits for them; a gradient every worker holds whole, PS
+    # mode's clipped dense ones, waits on a scalar allreduce).
+    sc("hybrid_adagrad_two_updates_late_read", "adagrad", second_update="late_read"),
+    sc("ps_sgd_clip_all_two_updates_late_read", "sgd", {"run_mode": "PS"}, clip=CLIP,
+       second_update="late_read"),
     sc("hybrid_adam_ema", "adam", ema=True),
     sc("ps_adam_clip_all", "adam", {"run_mode": "PS"}, clip=CLIP),
     sc("ps_adagrad_ref_scaled", "adagrad", {"run_mode": "PS"}, scale_sparse=True,

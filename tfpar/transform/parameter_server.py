@@ -391,6 +391,23 @@ class _Rewriter:
         if not self.plan.sync:
             return self._apply_own(step_var)
         route = _Route.of(self.plan, self.rank)
+        self.wanted_before = self._wanted_before_updates()
+        if self.wanted_before and self.combined_first and self.plan.num_workers > 1:
+            # The chief applies a gradient every worker holds whole without waiting for any
+            # push: a scalar allreduce, joined once those ops ran, makes it wait for them.
+            # Its input is a variable's read and its output is written to one: TensorFlow
+            # keeps a stateful op's control inputs (not a constant's), and would turn a
+            # Horovod op (not marked stateful) that nothing reads into a no-op.
+            from tfpar.transform.allreduce import allreduce
+            with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/"):
+                with tf.control_dependencies(self.wanted_before):
+                    ran = tf.cast(step_var.read_value(), tf.float32)
+                joined = allreduce(ran, False, self.plan.num_workers, self.traffic,
+                                   name="before_updates")
+                seen = tf.compat.v1.get_local_variable(
+                    "tfpar/sync/before_updates", shape=[], dtype=tf.float32,
+                    use_resource=True, initializer=tf.compat.v1.zeros_initializer())
+                self.collectives.append(seen.assign(joined, read_value=False))
         pushes, forwards, owned = [], [], []
         for v in self.ps_vars:
             for i in range(len(v.gradients)):
@@ -483,9 +500,11 @@ class _Rewriter:
                     local = _accumulator(v, shape, ps_device(route.host),
                                          f"{self.prefix}/local_acc/{name}/part_{k}/host_"
                                          f"{route.host}", sparse)
-                    push = _push(local, ids, vals, shape, step)
+                    with tf.control_dependencies(self.wanted_before):
+                        push = _push(local, ids, vals, shape, step)
                 else:
-                    push = self._global_push(v, i, k, accum, ids, vals, shape, step)
+                    with tf.control_dependencies(self.wanted_before):
+                        push = self._global_push(v, i, k, accum, ids, vals, shape, step)
                 self._count_push(*([vals] if ids is None else [vals, ids]))
             if route.aggregate and route.local_chief:
                 with tf.device(ps_device(route.host)), tf.control_dependencies([push]), \
@@ -574,6 +593,30 @@ class _Rewriter:
                  and not any(o in x.control_inputs for x in copies)]
         with tf.device(device):
             return tf.group(*sinks, name=f"tfpar/apply/{name}/part_{k}/done")
+
+    def _wanted_before_updates(self) -> List[tf.Operation]:
+        """The ops the user's graph runs before the updates of PS variables by control
+        dependency (e.g. reads of the step's values, batch norm's UPDATE_OPS).
+
+        On one device they run before the update. Here the chief applies every update, so
+        each worker's pushes wait for its own copies of them: the chief's apply, which waits
+        for every push, then comes after them on every worker. Without this another worker
+        could read a variable after the chief updated it.
+        """
+        update = {op for v in self.ps_vars for op in self._update_ops(v)}
+        boundary = set(self.final.values()) | set(self.final_indices.values())
+        wanted, seen, stack = [], set(), list(update)
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for c in op.control_inputs:
+                if c not in update and c not in wanted and not self._waits_for_updates(c):
+                    wanted.append(c)
+            stack.extend(t.op for t in op.inputs if t not in boundary and t.op.type not in
+                         ("VarHandleOp", "VariableV2", "Placeholder"))
+        return sorted(wanted, key=lambda o: o.name)
 
     def _waits_for_updates(self, op: tf.Operation) -> bool:
         """Whether `op` runs only after an original update of a PS variable."""
