@@ -25,6 +25,7 @@ SIZES = [8, 12, 6]
 WIDE = [8, 64, 6]
 LM = [8, 12, 16]  # the last layer over a vocabulary of 16 words
 CLIP = 0.3  # below the gradients' global norm, so clipping acts
+CLIP_EACH = 0.1  # below every weight's own gradient norm at every step, so clip_by_norm acts
 GLOBAL_BATCH, STEPS = 8, 3
 
 
@@ -57,6 +58,14 @@ def scenarios(n, plan_file):
              "clip": CLIP} for opt in ("sgd", "adam")]
     out += [{"name": "clipped_lm_output_adam", "tiling": vocab, "optimizer": "adam",
              "lm": True, "sizes": LM, "clip": CLIP}]
+    # Scaled before the global norm (its terms are the scaled tiles'); each gradient
+    # clipped by its own norm (tf.clip_by_norm: the tiles' squared sums summed).
+    out += [{"name": "scaled_clipped_momentum", "tiling": plans["columns then rows"],
+             "optimizer": "momentum", "clip": CLIP, "post": "scaled"}]
+    out += [{"name": f"clipped_by_norm_{opt}", "tiling": plans["columns then rows"],
+             "optimizer": opt, "clip": CLIP_EACH, "post": "by_norm"} for opt in ("sgd", "adam")]
+    out += [{"name": "clipped_by_norm_lm_output_sgd", "tiling": vocab, "optimizer": "sgd",
+             "lm": True, "sizes": LM, "clip": CLIP_EACH, "post": "by_norm"}]
     # Chains: the hidden activation stays split between two split layers (columns then
     # rows: no exchange between them; a hidden layer then an LM's output layer: gathered
     # once); GELU's ops (scalar constants, the activation read twice) run on tiles too.
@@ -96,10 +105,10 @@ def planner_json(n, folder) -> str:
 
 
 def single_device(opt_name, embedding=False, resource=True, sizes=SIZES, lm=False,
-                  clip=None, activation="relu", seq=False):
+                  clip=None, activation="relu", seq=False, post=None):
     values, batches = initial(sizes, GLOBAL_BATCH, STEPS)
     g, x, t, train, opt = build(sizes, values, opt_name, GLOBAL_BATCH, embedding, resource,
-                                lm, clip, activation, seq)
+                                lm, clip, activation, seq, post)
     with tf.compat.v1.Session(graph=g) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for xs, ts in batches:
@@ -127,7 +136,12 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
         expected = single_device(sc["optimizer"], sc.get("embedding", False),
                                  sc.get("resource", True), sc.get("sizes", SIZES),
                                  sc.get("lm", False), sc.get("clip"),
-                                 sc.get("activation", "relu"), sc.get("seq", False))
+                                 sc.get("activation", "relu"), sc.get("seq", False),
+                                 sc.get("post"))
+        if sc.get("post") == "by_norm":  # the clip acted: not what unclipped training gives
+            unclipped = single_device(sc["optimizer"], sizes=sc.get("sizes", SIZES),
+                                      lm=sc.get("lm", False))
+            assert not np.allclose(expected["dense_1/kernel"], unclipped["dense_1/kernel"])
         routes = json.loads(str(ranks[0]["__routes"]))
         plan = tfpar.Plan.from_json(str(ranks[0]["__plan"]))
         if sc["tiling"] == "auto":
@@ -274,8 +288,15 @@ def test_tiling_configs_and_unsplittable_layers_are_refused_clearly(tmp_path):
         predicted_bytes(g, _with_tiles(plan, {"dense/bias": "R", "dense_1/kernel": "C"}))
 
 
-def test_post_processing_a_tile_cannot_follow_is_refused_clearly():
-    """clip_by_norm needs each whole gradient's own norm: refused, naming the op."""
+@pytest.mark.parametrize("post,error", [
+    ("rows", "goes through Sum .* are followed on tiles"),
+    ("sorted", "goes through .*sort.* are followed on tiles"),
+    ("masked", "also reads .* of shape \\(6, 6\\); only scalars")])
+def test_post_processing_a_tile_cannot_follow_is_refused_clearly(post, error):
+    """Clipping each row by its own norm (a sum over some axes), an op that needs the whole
+    gradient (a sort) or an operand of the gradient's shape (a mask) is refused at
+    get_runner, naming the op; clip_by_norm over the whole gradient is followed (a sum
+    over every axis: accepted)."""
     from tfpar.analysis import analyse
     from tfpar.errors import NotYetSupportedError
     from tfpar.planner import make_plan
@@ -288,11 +309,24 @@ def test_post_processing_a_tile_cannot_follow_is_refused_clearly():
         w = tf.compat.v1.get_variable("w", [6, 6], use_resource=True)
         loss = tf.reduce_sum(tf.square(tf.matmul(x, w)))
         opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        post_process = {"rows": lambda dw: tf.clip_by_norm(dw, 0.1, axes=[1]),
+                        "sorted": lambda dw: tf.sort(dw, axis=0),
+                        "masked": lambda dw: dw * tf.constant(np.eye(6, dtype=np.float32)),
+                        }[post]
+        opt.apply_gradients([(post_process(dw), v) for dw, v in opt.compute_gradients(loss)])
+    plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
+    with pytest.raises(NotYetSupportedError, match=error):
+        predicted_bytes(g, _with_tiles(plan, {"w": "C"}))
+    whole = tf.Graph()
+    with whole.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 6])
+        w = tf.compat.v1.get_variable("w", [6, 6], use_resource=True)
+        loss = tf.reduce_sum(tf.square(tf.matmul(x, w)))
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
         opt.apply_gradients([(tf.clip_by_norm(dw, 0.1), v)
                              for dw, v in opt.compute_gradients(loss)])
-    plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
-    with pytest.raises(NotYetSupportedError, match="only global-norm clipping"):
-        predicted_bytes(g, _with_tiles(plan, {"w": "C"}))
+    plan = make_plan(analyse(whole), tfpar.Config(), parse_resources("localhost:2"))
+    assert set(predicted_bytes(whole, _with_tiles(plan, {"w": "C"}))) == {"w"}
 
 
 def test_chains_keep_activations_split_only_where_nothing_else_reads_them():

@@ -3,8 +3,8 @@ tfpar.get_runner with Config(tiling=...), weights split over the workers by the 
 
 usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling": (as
 Config.tiling: {variable: tiling}, "auto" or a plan file), "optimizer", optional
-"tiling_min_bytes", "embedding", "resource", "sizes", "lm", "clip", "activation",
-"seq"}],
+"tiling_min_bytes", "embedding", "resource", "sizes", "lm", "clip", "post",
+"activation", "seq"}],
 "sizes", "global_batch", "steps"}. Saves per scenario
 this worker's tiles (with the boxes they hold) and every other variable's value, and the
 split variables fetched whole; its checkpoint is the scenario's folder.
@@ -29,12 +29,13 @@ ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
 
 
 def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=False,
-          clip=None, activation="relu", seq=False):
+          clip=None, activation="relu", seq=False, post=None):
     """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss.
     With `lm`, the last layer is a language model's output projection over a vocabulary
     of sizes[-1] words and the loss the mean sparse softmax cross-entropy of labels (word
     ids made from x). With `clip`, the gradients are clipped by their global norm (as the
-    NMT tutorial does) before the update. `activation`: the hidden layers' ("relu" or
+    NMT tutorial does) before the update; with `post` "scaled" they are halved first, with
+    "by_norm" each is clipped by its own norm instead (tf.clip_by_norm). `activation`: the hidden layers' ("relu" or
     "gelu", whose ops take scalar constants and the activation twice). With `seq` (and
     `lm`), every example is a sequence of 2 positions ([batch, 2, width], batch-major):
     the dense layers run as tensordot (Reshape, MatMul, Reshape) and the logits are
@@ -72,7 +73,12 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=Fal
             train = opt.minimize(loss, name="train")
         else:
             grads, variables = zip(*opt.compute_gradients(loss))
-            clipped, _ = tf.clip_by_global_norm(grads, clip)
+            if post == "scaled":
+                grads = [0.5 * g for g in grads]
+            if post == "by_norm":
+                clipped = [tf.clip_by_norm(g, clip) for g in grads]
+            else:
+                clipped, _ = tf.clip_by_global_norm(grads, clip)
             train = opt.apply_gradients(zip(clipped, variables), name="train")
     return g, x, t, train, opt
 
@@ -98,7 +104,7 @@ def main(spec_path, out_dir):
         g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False),
                                   sc.get("resource", True), sc.get("lm", False),
                                   sc.get("clip"), sc.get("activation", "relu"),
-                                  sc.get("seq", False))
+                                  sc.get("seq", False), sc.get("post"))
         with g.as_default():
             saver = tf1.train.Saver()  # the user's own, as TF1 scripts build it
         out = {}

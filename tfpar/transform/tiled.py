@@ -31,10 +31,12 @@ element-wise ops run on the tiles (copies of the user's). Every chain starts fro
 in the batch split (each worker's own rows), so layers that tfpar does not split, and the
 loss, see the tensors they saw; `layer_bytes` counts what a layer moves, from the
 exchanges alone. A gradient the user post-processes before the update
-(`clip_by_global_norm`, element-wise scaling) is post-processed on the tile (`_on_tile`).
+(`clip_by_global_norm`, `clip_by_norm`, element-wise scaling by scalars) is post-processed
+on the tile (`_on_tile`): a sum over the whole gradient is its tiles' sums summed.
 Layers on inputs [T, B, K] (tensordot: Reshape, MatMul, Reshape) are split the same way.
 A split bias must join a split weight's layer (else refused: nobody would train it).
-Not yet: other post-processing of a tiled weight's gradient, weights read by more than one
+Not yet: other post-processing of a tiled weight's gradient (sums over some axes, ops
+that mix elements), weights read by more than one
 matmul, chains that fork, chains across tensordot's Reshapes.
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError, TfparError
@@ -472,15 +475,30 @@ def _rewrite_chain(graph, plan, chain: List[_Layer], by_name, rank, n, counter, 
                             made, updates)
 
 
-# Element-wise ops with a scalar or same-shape other operand: the post-processing of a
-# gradient (clip_by_global_norm's scaling, a constant factor) that a tile can go through.
+# Element-wise ops: the post-processing of a gradient (clip_by_global_norm's scaling,
+# clip_by_norm's, a constant factor) that a tile goes through, where every operand from
+# outside the post-processing is a scalar (checked in `_post_processing`).
 _TILE_WISE = frozenset({"Identity", "Mul", "RealDiv", "Div", "Cast", "Neg", "Maximum",
-                        "Minimum", "ClipByValue"})
+                        "Minimum", "ClipByValue", "Square", "Sqrt", "Rsqrt", "AddV2", "Add",
+                        "Sub", "Greater", "GreaterEqual", "Less", "LessEqual", "Select",
+                        "SelectV2", "OnesLike", "ZerosLike"})
+
+
+def _sums_whole(op: tf.Operation) -> bool:
+    """Whether `op` sums its input over every axis (clip_by_norm's squared norm)."""
+    if op.type != "Sum" or op.inputs[0].shape.rank is None:
+        return False
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    return axes is not None and {int(a) % rank for a in np.ravel(axes)} == set(range(rank))
 
 
 def _post_processing(graph, v: VariablePlan, raw: tf.Tensor):
     """(the ops from `v`'s raw gradient to what its update reads, the `L2Loss`es of the
-    whole gradient that a global norm sums), refusing what a tile cannot go through."""
+    whole gradient that a global norm sums), refusing what a tile cannot go through.
+
+    Element-wise ops follow a tile as they are; a sum over every axis (the squared norm
+    that clip_by_norm divides by) becomes its tile's sum summed over the workers."""
     final = graph.get_tensor_by_name(v.gradients[0].final_values or v.gradients[0].values)
     ahead, stack = set(), [raw.op]
     while stack:
@@ -509,15 +527,28 @@ def _post_processing(graph, v: VariablePlan, raw: tf.Tensor):
             elif c.name not in v.gradients[0].ops:
                 raise NotYetSupportedError(
                     f"tiling {v.name!r}: its gradient is read by {c.type} {c.name!r}, which "
-                    "needs the whole gradient (only global-norm clipping and element-wise "
-                    "scaling are followed on tiles)")
-    odd = [op for op in path if op.type not in _TILE_WISE]
+                    f"needs the whole gradient ({_FOLLOWED} are followed on tiles)")
+    odd = [op for op in path if op.type not in _TILE_WISE and not _sums_whole(op)]
     if odd:
         raise NotYetSupportedError(
             f"tiling {v.name!r}: its gradient goes through {odd[0].type} {odd[0].name!r} "
-            "before the update; only global-norm clipping and element-wise scaling are "
-            "followed on tiles")
+            f"before the update; {_FOLLOWED} are followed on tiles")
+    members = set(path)
+    for op in path:
+        for t in op.inputs[:1] if _sums_whole(op) else op.inputs:
+            if t is raw or t.op in members:
+                continue
+            if not t.shape.is_fully_defined() or t.shape.num_elements() != 1:
+                # A whole-shaped operand would not fit (or would broadcast into) a tile.
+                raise NotYetSupportedError(
+                    f"tiling {v.name!r}: its gradient's post-processing {op.type} "
+                    f"{op.name!r} also reads {t.name!r} of shape {t.shape}; only scalars "
+                    f"beside the gradient are followed on tiles ({_FOLLOWED})")
     return path, norms, final
+
+
+_FOLLOWED = ("global-norm clipping, clipping by the gradient's own norm and element-wise "
+             "scaling")
 
 
 def _replicas(tiling: Tiling) -> int:
@@ -529,24 +560,41 @@ def _replicas(tiling: Tiling) -> int:
 
 def _on_tile(graph, v: VariablePlan, grad: tf.Tensor, rank: int, scope: str):
     """(the tensor `v`'s update reads, its value for the tile's gradient `grad`): the
-    user's post-processing of the whole gradient applied to the tile. A global norm's term
-    of the whole gradient (`L2Loss`) becomes the sum over the workers of their tiles'
-    terms (each tile once), one scalar Horovod allreduce (not in communication())."""
+    user's post-processing of the whole gradient applied to the tile. A sum over the
+    whole gradient (a global norm's `L2Loss` term, clip_by_norm's squared norm) becomes
+    the sum over the workers of their tiles' sums (each tile once), one scalar Horovod
+    allreduce (not in communication())."""
     raw = graph.get_tensor_by_name(v.gradients[0].values)
     if not v.gradients[0].post_processed:
         return raw, grad
-    import horovod.tensorflow as hvd
     path, norms, final = _post_processing(graph, v, raw)
-    with tf.compat.v1.name_scope(f"{scope}/post/"):
-        for i, l2 in enumerate(norms):
-            mine = tf.nn.l2_loss(grad) / float(_replicas(v.tiling))
-            total = hvd.allreduce(collectives.never_folded(tf.reshape(mine, [1])),
-                                  op=hvd.Sum, name=f"{safe_name(scope)}_norm_{i}")
-            surgery.replace_uses(l2.outputs[0], tf.reshape(total, []))
-    if not path:
-        return final, grad
     copies = surgery.clone_ops(path, {raw: grad}, f"{scope}/post/", lambda op, ins: op.device)
-    return final, copies[final.op].outputs[final.value_index]
+
+    def on_tile(t: tf.Tensor) -> tf.Tensor:
+        return grad if t is raw else copies[t.op].outputs[t.value_index]
+
+    replicas = float(_replicas(v.tiling))
+    with tf.compat.v1.name_scope(f"{scope}/post/"):
+        for i, op in enumerate(sorted((op for op in path if _sums_whole(op)),
+                                      key=lambda o: o.name)):
+            mine = copies[op].outputs[0]
+            share = mine / replicas
+            surgery.replace_uses(mine, _sum_over_workers(share, f"{safe_name(scope)}_sum_{i}"),
+                                 keep=[share.op])
+        for i, l2 in enumerate(norms):
+            # The L2Loss of the tensor it reads (the raw gradient, or one scaled first).
+            mine = tf.nn.l2_loss(on_tile(l2.inputs[0])) / replicas
+            surgery.replace_uses(l2.outputs[0], _sum_over_workers(
+                mine, f"{safe_name(scope)}_norm_{i}"))
+    return final, on_tile(final) if path else grad
+
+
+def _sum_over_workers(x: tf.Tensor, name: str) -> tf.Tensor:
+    """`x` (a small tensor) summed over every worker, in x's shape."""
+    import horovod.tensorflow as hvd
+    flat = tf.reshape(x, [-1])
+    total = hvd.allreduce(collectives.never_folded(flat), op=hvd.Sum, name=name)
+    return tf.reshape(total, tf.shape(x) if not x.shape.is_fully_defined() else x.shape)
 
 
 def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, scope, made,
