@@ -3,8 +3,7 @@ tfpar.get_runner with Config(tiling=...), weights split over the workers by the 
 
 usage: tiled_graph.py SPEC_JSON OUT_DIR. SPEC: {"scenarios": [{"name", "tiling": (as
 Config.tiling: {variable: tiling}, "auto" or a plan file), "optimizer", optional
-"tiling_min_bytes", "embedding", "resource", "sizes", "lm", "clip", "post",
-"activation", "seq"}],
+"tiling_min_bytes", "sizes", and `build`'s MODEL_KEYS}],
 "sizes", "global_batch", "steps"}. Saves per scenario
 this worker's tiles (with the boxes they hold) and every other variable's value, and the
 split variables fetched whole; its checkpoint is the scenario's folder.
@@ -28,15 +27,27 @@ VOCAB = 40
 ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
 
 
+MODEL_KEYS = ("embedding", "resource", "lm", "clip", "activation", "seq", "post", "block")
+
+
+def model_options(scenario: dict) -> dict:
+    """The keyword arguments of `build` that a scenario sets."""
+    return {k: scenario[k] for k in MODEL_KEYS if k in scenario}
+
+
 def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=False,
-          clip=None, activation="relu", seq=False, post=None):
+          clip=None, activation="relu", seq=False, post=None, block=None):
     """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss.
     With `lm`, the last layer is a language model's output projection over a vocabulary
     of sizes[-1] words and the loss the mean sparse softmax cross-entropy of labels (word
     ids made from x). With `clip`, the gradients are clipped by their global norm (as the
     NMT tutorial does) before the update; with `post` "scaled" they are halved first, with
-    "by_norm" each is clipped by its own norm instead (tf.clip_by_norm). `activation`: the hidden layers' ("relu" or
-    "gelu", whose ops take scalar constants and the activation twice). With `seq` (and
+    "by_norm" each is clipped by its own norm instead (tf.clip_by_norm). `activation`: the
+    hidden layers' ("relu" or "gelu", whose ops take scalar constants and the activation
+    twice). `block` (sizes[0] == sizes[-1]), as a Transformer's feed-forward block:
+    "residual" adds the input to the last layer's output; "residual_penalty" also adds an
+    activity penalty on the first hidden activation to the loss (a second reader of it,
+    so the layers around it do not chain). With `seq` (and
     `lm`), every example is a sequence of 2 positions ([batch, 2, width], batch-major):
     the dense layers run as tensordot (Reshape, MatMul, Reshape) and the logits are
     [batch, 2, vocab], as an NMT-style model's projection layer has them.
@@ -55,12 +66,16 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=Fal
             h = x + tf.nn.embedding_lookup(table, ids)
         if seq:
             h = tf.stack([h, 0.5 * h], axis=1)
+        block_input, hidden = h, []
         for i in range(1, len(sizes)):
             h = tf1.layers.dense(
                 h, sizes[i],
                 activation=ACTIVATIONS[activation] if i < len(sizes) - 1 else None,
                 kernel_initializer=tf1.constant_initializer(values[f"W{i}"]),
                 bias_initializer=tf1.constant_initializer(values[f"b{i}"]))
+            hidden.append(h)
+        if block:
+            h = h + block_input
         if lm:
             words = tf.stack([x[:, 1], x[:, 2]], axis=1) if seq else x[:, 1]
             labels = tf.cast(tf.math.floormod(tf.abs(words) * 1000.0, sizes[-1]), tf.int64)
@@ -68,6 +83,8 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=Fal
                 labels=labels, logits=h))
         else:
             loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
+        if block == "residual_penalty":
+            loss += 0.1 * tf.reduce_mean(tf.square(hidden[0]))
         opt = optimizer(opt_name)
         if clip is None:
             train = opt.minimize(loss, name="train")
@@ -101,10 +118,7 @@ def main(spec_path, out_dir):
         n, rank = hvd.size(), hvd.rank()
         b = gb // n
         values, batches = initial(sizes, gb, spec["steps"])
-        g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, sc.get("embedding", False),
-                                  sc.get("resource", True), sc.get("lm", False),
-                                  sc.get("clip"), sc.get("activation", "relu"),
-                                  sc.get("seq", False), sc.get("post"))
+        g, x, t, train, _ = build(sizes, values, sc["optimizer"], b, **model_options(sc))
         with g.as_default():
             saver = tf1.train.Saver()  # the user's own, as TF1 scripts build it
         out = {}
