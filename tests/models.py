@@ -20,7 +20,7 @@ OPTIMIZERS = {
 def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=True,
           init_seed=None, batch=None, emb_partitions=None, shared_embedding=False,
           scale_sparse=False, clip_by_norm=None, second_update=False, ema=False,
-          decoder=False):
+          decoder=False, batch_norm=False):
     """An MLP (optionally with an embedding input) and its training step.
 
     emb_partitions: make the embedding (PS_VOCAB rows) a partitioned variable of that many
@@ -37,7 +37,9 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     `w2` come 0.5 s late on workers other than the chief. ema: an ExponentialMovingAverage
     of every trained variable, applied after the training step. decoder: a seq2seq-style
     decoder loop (`tf.while_loop`) whose body reads an attention weight and a decoder
-    kernel.
+    kernel. batch_norm: the hidden activation, as a [batch, 2, 1, HIDDEN/2] grid, through
+    tf.compat.v1.layers.batch_normalization in training mode (fused; its moving averages
+    updated by UPDATE_OPS before the step, as TF1 scripts do).
     """
     g = tf.Graph()
     with g.as_default():
@@ -75,7 +77,13 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
         b1 = tf1.get_variable("b1", [HIDDEN], use_resource=use_resource,
                               initializer=tf1.random_normal_initializer(stddev=0.1))
         w2 = tf1.get_variable("w2", [HIDDEN, OUT], use_resource=use_resource)
-        out = tf.matmul(tf.tanh(tf.matmul(h, w1) + b1), w2)
+        hidden = tf.tanh(tf.matmul(h, w1) + b1)
+        if batch_norm:
+            grid = tf.reshape(hidden, [-1, 2, 1, HIDDEN // 2])
+            grid = tf1.layers.batch_normalization(grid, training=True, fused=True,
+                                                  momentum=0.9, name="bn")
+            hidden = tf.reshape(grid, [-1, HIDDEN])
+        out = tf.matmul(hidden, w2)
         per_example = tf.reduce_sum(tf.square(out - y), axis=1)
         loss = tf.identity(tf.reduce_mean(per_example) if reduce == "mean"
                            else tf.reduce_sum(per_example), name="loss")
@@ -114,7 +122,8 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
             with tf.control_dependencies([first]):  # two unlocked updates of one variable
                 train_op = opt2.apply_gradients(aux_grads)  # would race on one device too
         else:
-            train_op = opt.apply_gradients(grads_and_vars, global_step=step)
+            with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+                train_op = opt.apply_gradients(grads_and_vars, global_step=step)
         if ema:
             averages = tf1.train.ExponentialMovingAverage(0.9)
             with tf.control_dependencies([train_op]):

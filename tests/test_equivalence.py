@@ -43,12 +43,16 @@ SCENARIOS_2 = [
        {"run_mode": "AR", "average_dense": False, "average_sparse": False}),
     sc("sparse_adam_clip", {"optimizer": "adam", "sparse": True, "clip": 0.05},
        {"run_mode": "AR"}),
+    # Batch norm in training mode: normalised over the global batch (moving averages too).
+    sc("momentum_batch_norm", {"optimizer": "momentum", "batch_norm": True}),
+    sc("adam_batch_norm_clip", {"optimizer": "adam", "batch_norm": True, "clip": 0.05}),
 ]
 SCENARIOS_3 = [
     sc("sgd_average", {"optimizer": "sgd"}),
     sc("momentum_sum", {"optimizer": "momentum", "reduce": "sum"}, {"average_dense": False}),
     sc("adam_clip", {"optimizer": "adam", "clip": 0.05}),
     sc("sparse_adam_allgather", {"optimizer": "adam", "sparse": True}, {"run_mode": "AR"}),
+    sc("momentum_batch_norm", {"optimizer": "momentum", "batch_norm": True}),
 ]
 
 results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2)
@@ -64,6 +68,8 @@ def test_two_workers_equal_single_device(results2, scenario):
     assert routes["w1"] == "allreduce"
     if scenario["model"].get("sparse"):
         assert routes["emb"] == "allgather"
+    assert plan["batch_norms"] == (["bn/FusedBatchNormV3"] if scenario["model"].get("batch_norm")
+                                   else [])
 
 
 @each_scenario(SCENARIOS_3)

@@ -186,3 +186,26 @@ def test_sum_semantics_in_plan():
     plan = make_plan(analyse(graph), tfpar.Config(run_mode="AR", average_dense=False),
                      parse_resources("localhost:2"))
     assert plan.variable("w1").reduction == "sum" and plan.variable("emb").reduction == "average"
+
+
+def test_training_batch_norms_are_normalised_over_the_global_batch():
+    """A fused batch norm in training mode is listed in the plan (the rewrite synchronises
+    it; the JSON keeps it); one worker needs nothing; tf.nn.moments over the batch (a
+    non-fused batch norm) is not synchronised, and the plan says so."""
+    plan = plan_for(batch_norm=True)
+    assert plan.batch_norms == ("bn/FusedBatchNormV3",)
+    assert any("normalised over the global batch" in note for note in plan.notes)
+    assert Plan.from_json(plan.to_json()) == plan
+    assert plan_for(1, batch_norm=True).batch_norms == ()
+    assert plan_for().batch_norms == ()
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [8, 4])
+        h = tf1.layers.batch_normalization(tf1.layers.dense(x, 4), training=True)
+        loss = tf.reduce_mean(tf.square(h))
+        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+            tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
+    assert plan.batch_norms == ()
+    assert any(note.startswith("not single-device training: batch statistics from "
+                               "tf.nn.moments") for note in plan.notes), plan.notes

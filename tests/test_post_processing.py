@@ -7,7 +7,8 @@ variable with two optimizers and keep moving averages of the weights. tfpar repr
 these exactly in HYBRID and PS modes: each worker post-processes its share of the
 gradient with every sum over the rows (a norm) summed over workers first, and pushes what
 the update reads. The clipping threshold is below the raw norm at every step (checked), so
-the clip is active. A seq2seq-style decoder reads its attention weight and kernel inside a
+the clip is active. A fused batch norm in training mode is normalised over the global
+batch (its moving averages too), on allreduce and PS routes. A seq2seq-style decoder reads its attention weight and kernel inside a
 `tf.while_loop` (on the parameter servers in PS mode). Reference variables (`use_resource=False`, what
 `tf.compat.v1.disable_v2_behavior()` makes) live on the parameter servers too.
 
@@ -51,6 +52,8 @@ SCENARIOS_2 = [
     sc("ps_sgd_clip_all_two_updates_late_read", "sgd", {"run_mode": "PS"}, clip=CLIP,
        second_update="late_read"),
     sc("hybrid_adam_ema", "adam", ema=True),
+    sc("hybrid_momentum_batch_norm", "momentum", batch_norm=True),
+    sc("ps_adam_batch_norm_clip_all", "adam", {"run_mode": "PS"}, batch_norm=True, clip=CLIP),
     sc("ps_adam_clip_all", "adam", {"run_mode": "PS"}, clip=CLIP),
     sc("ps_adagrad_ref_scaled", "adagrad", {"run_mode": "PS"}, scale_sparse=True,
        use_resource=False),
@@ -66,6 +69,7 @@ SCENARIOS_4 = [
     sc("ps_sgd_ref_clip_by_norm_ema", "sgd", {"run_mode": "PS"}, clip_by_norm=0.05,
        use_resource=False, ema=True),
     sc("ps_adagrad_seq2seq_clip_all", "adagrad", {"run_mode": "PS"}, decoder=True, clip=CLIP),
+    sc("hybrid_adam_batch_norm_clip_all", "adam", batch_norm=True, clip=CLIP),
 ]
 
 results2 = job_results("results2", "post2", 2, SCENARIOS_2)
@@ -82,6 +86,8 @@ def _check(ranks, scenario):
         assert len(plan["shared"]["gradients"]) == 2
     if scenario["model"].get("decoder"):
         assert plan["attention_g"]["route"] == ("ps" if mode == "PS" else "allreduce")
+    if scenario["model"].get("batch_norm"):  # synchronised (unsynchronised: w1 differs)
+        assert json.loads(str(ranks[0]["plan"]))["batch_norms"] == ["bn/FusedBatchNormV3"]
     if scenario["model"].get("ema"):
         assert "w1/ExponentialMovingAverage" in plan and "shared/ExponentialMovingAverage" in plan
 

@@ -149,6 +149,8 @@ class GraphAnalysis:
     global_step: Optional[str]
     train_ops: Tuple[str, ...]
     blockers: Tuple[Blocker, ...] = ()  # what tfpar cannot handle in this graph, each with its fix
+    batch_norms: Tuple[str, ...] = ()  # batch-norm ops in training mode (batch statistics)
+    batch_moments: Tuple[str, ...] = ()  # tf.nn.moments over the batch: not synchronised
 
     @property
     def trained(self) -> Tuple[VariableInfo, ...]:
@@ -180,6 +182,28 @@ def reachable(roots: Iterable[tf.Operation], neighbours) -> Set[tf.Operation]:
             seen.add(op)
             stack.extend(neighbours(op))
     return seen
+
+
+FUSED_BATCH_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+
+def training_batch_norms(graph: tf.Graph) -> Tuple[str, ...]:
+    """The fused batch-norm ops of `graph` in training mode (they use batch statistics)."""
+    return tuple(sorted(op.name for op in graph.get_operations()
+                        if op.type in FUSED_BATCH_NORMS and op.get_attr("is_training")))
+
+
+def batch_moments(graph: tf.Graph) -> Tuple[str, ...]:
+    """`tf.nn.moments` means over the batch axis (a non-fused batch norm in training
+    mode), which tfpar does not synchronise: each worker's rows give their own."""
+    found = []
+    for op in graph.get_operations():
+        if op.type != "Mean" or not op.name.endswith("moments/mean"):
+            continue
+        axes = tf.get_static_value(op.inputs[1])
+        if axes is not None and 0 in [int(a) for a in np.ravel(axes)]:
+            found.append(op.name)
+    return tuple(sorted(found))
 
 
 def analyse(graph_or_meta, gradient_scope: str = DEFAULT_GRADIENT_SCOPE,
@@ -285,7 +309,8 @@ class _Analyser:
         train_ops = tuple(op.name for op in self.graph.get_collection(
             tf.compat.v1.GraphKeys.TRAIN_OP) if isinstance(op, tf.Operation))
         return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops,
-                             tuple(blockers))
+                             tuple(blockers), training_batch_norms(self.graph),
+                             batch_moments(self.graph))
 
     def _writers(self, var_op) -> List[Tuple[tf.Operation, int]]:
         """(op, input position) for every op that writes this variable."""

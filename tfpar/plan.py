@@ -99,6 +99,8 @@ class Plan:
     routing: Optional[dict] = None
     # the tiling planner's result, whose weights' tilings the "tiled" variables carry
     tiling: Optional[TilingPlan] = None
+    # training-mode batch norms normalised over the global batch (every worker's rows)
+    batch_norms: Tuple[str, ...] = ()
 
     @property
     def num_ps(self) -> int:
@@ -203,6 +205,7 @@ class Plan:
             for v in d["variables"])
         return cls(**{**d, "hosts": tuple(tuple(h) for h in d["hosts"]), "variables": variables,
                       "notes": tuple(d.get("notes", ())),
+                      "batch_norms": tuple(d.get("batch_norms", ())),
                       "tiling": TilingPlan.from_dict(d["tiling"]) if d.get("tiling") else None})
 
     @classmethod

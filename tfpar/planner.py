@@ -82,11 +82,21 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                          + ("; allreduce routes stay synchronous" if mode == "HYBRID" else ""))
         else:
             notes.append("sync=False has no effect: no variable is on the parameter servers")
+    batch_norms = analysis.batch_norms if n > 1 else ()
+    if batch_norms:
+        notes.append(f"{len(batch_norms)} batch norm(s) in training mode: normalised over the "
+                     "global batch (every worker's rows, two allreduces each per step)")
+    if analysis.batch_moments and n > 1:
+        notes.append("not single-device training: batch statistics from tf.nn.moments ("
+                     f"{', '.join(analysis.batch_moments)}) are each worker's own rows'; only "
+                     "fused batch norms (fused=True, 4-D inputs) are normalised over the "
+                     "global batch")
     return Plan(run_mode=config.run_mode, mode=mode, num_workers=n, sync=config.sync or not on_ps,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step, notes=tuple(notes),
                 local_aggregation=local_aggregation, partition_search=partition_search,
-                routing=density.to_dict() if density is not None else None)
+                routing=density.to_dict() if density is not None else None,
+                batch_norms=batch_norms)
 
 
 def density_candidates(analysis: GraphAnalysis, config: Config) -> List[VariableInfo]:

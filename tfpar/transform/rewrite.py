@@ -1,7 +1,8 @@
 """`rewrite`: every graph edit a plan asks of one worker's copy of the training graph.
 
-The runner calls this once per session it starts; the transforms it chains (parameter
-servers, then allreduce and allgather, then the traffic counters and device pinning)
+The runner calls this once per session it starts; the transforms it chains (tiles,
+parameter servers, allreduce and allgather, batch norms over the global batch, then the
+traffic counters and device pinning)
 decide nothing: what they do is in the plan.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import tensorflow as tf
 from tfpar.plan import Plan
 from tfpar.transform import surgery
 from tfpar.transform.allreduce import apply_allreduce
+from tfpar.transform.batch_norm import apply_sync_batch_norm
 from tfpar.transform.parameter_server import PsRewrite, apply_parameter_server, worker_device
 from tfpar.transform.tiled import TiledRewrite, apply_tiling
 from tfpar.transform.traffic import Traffic
@@ -41,6 +43,7 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     tiled = apply_tiling(graph, plan, rank, traffic.counter("tiled"))
     ps = apply_parameter_server(graph, plan, rank, traffic, ps_prefix) if distributed else None
     apply_allreduce(graph, plan, traffic)
+    apply_sync_batch_norm(graph, plan, traffic)  # last: it rewires what the others read
     _count_steps(graph, plan, ps, traffic.build(), tiled)
     if distributed:
         _pin_to_worker(graph, rank)
