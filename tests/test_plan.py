@@ -191,7 +191,8 @@ def test_sum_semantics_in_plan():
 def test_training_batch_norms_are_normalised_over_the_global_batch():
     """A fused batch norm in training mode is listed in the plan (the rewrite synchronises
     it; the JSON keeps it); one worker needs nothing; tf.nn.moments over the batch (a
-    non-fused batch norm) is not synchronised, and the plan says so."""
+    non-fused batch norm) and a batch norm inside tf.cond (training=<a tensor>) are not
+    synchronised, and the plan says so."""
     plan = plan_for(batch_norm=True)
     assert plan.batch_norms == ("bn/FusedBatchNormV3",)
     assert any("normalised over the global batch" in note for note in plan.notes)
@@ -207,5 +208,18 @@ def test_training_batch_norms_are_normalised_over_the_global_batch():
             tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
     assert plan.batch_norms == ()
-    assert any(note.startswith("not single-device training: batch statistics from "
-                               "tf.nn.moments") for note in plan.notes), plan.notes
+    assert any(note.startswith("not single-device training: the batch statistics of "
+                               "batch_normalization/moments/mean") for note in plan.notes)
+    # A training flag that is a tensor: the fused ops sit inside tf.cond's functions.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 2, 2, 3])
+        training = tf1.placeholder_with_default(True, [])
+        h = tf1.layers.batch_normalization(x, training=training)
+        loss = tf.reduce_mean(tf.square(h))
+        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+            tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
+    assert plan.batch_norms == ()
+    assert any(note.startswith("not single-device training") and "cond_true" in note
+               for note in plan.notes), plan.notes

@@ -150,7 +150,7 @@ class GraphAnalysis:
     train_ops: Tuple[str, ...]
     blockers: Tuple[Blocker, ...] = ()  # what tfpar cannot handle in this graph, each with its fix
     batch_norms: Tuple[str, ...] = ()  # batch-norm ops in training mode (batch statistics)
-    batch_moments: Tuple[str, ...] = ()  # tf.nn.moments over the batch: not synchronised
+    unsynced_batch_norms: Tuple[str, ...] = ()  # batch statistics not taken globally
 
     @property
     def trained(self) -> Tuple[VariableInfo, ...]:
@@ -193,9 +193,10 @@ def training_batch_norms(graph: tf.Graph) -> Tuple[str, ...]:
                         if op.type in FUSED_BATCH_NORMS and op.get_attr("is_training")))
 
 
-def batch_moments(graph: tf.Graph) -> Tuple[str, ...]:
-    """`tf.nn.moments` means over the batch axis (a non-fused batch norm in training
-    mode), which tfpar does not synchronise: each worker's rows give their own."""
+def unsynced_batch_norms(graph: tf.Graph) -> Tuple[str, ...]:
+    """Batch statistics tfpar does not take over the global batch: `tf.nn.moments` means
+    over the batch axis (a non-fused batch norm in training mode), and fused batch norms
+    in training mode inside functions (`tf.cond` on a `training` tensor builds them so)."""
     found = []
     for op in graph.get_operations():
         if op.type != "Mean" or not op.name.endswith("moments/mean"):
@@ -203,6 +204,10 @@ def batch_moments(graph: tf.Graph) -> Tuple[str, ...]:
         axes = tf.get_static_value(op.inputs[1])
         if axes is not None and 0 in [int(a) for a in np.ravel(axes)]:
             found.append(op.name)
+    for function in graph.as_graph_def().library.function:
+        for node in function.node_def:
+            if node.op in FUSED_BATCH_NORMS and node.attr["is_training"].b:
+                found.append(f"{function.signature.name}/{node.name}")
     return tuple(sorted(found))
 
 
@@ -310,7 +315,7 @@ class _Analyser:
             tf.compat.v1.GraphKeys.TRAIN_OP) if isinstance(op, tf.Operation))
         return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops,
                              tuple(blockers), training_batch_norms(self.graph),
-                             batch_moments(self.graph))
+                             unsynced_batch_norms(self.graph))
 
     def _writers(self, var_op) -> List[Tuple[tf.Operation, int]]:
         """(op, input position) for every op that writes this variable."""

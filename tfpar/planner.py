@@ -86,11 +86,13 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     if batch_norms:
         notes.append(f"{len(batch_norms)} batch norm(s) in training mode: normalised over the "
                      "global batch (every worker's rows, two allreduces each per step)")
-    if analysis.batch_moments and n > 1:
-        notes.append("not single-device training: batch statistics from tf.nn.moments ("
-                     f"{', '.join(analysis.batch_moments)}) are each worker's own rows'; only "
-                     "fused batch norms (fused=True, 4-D inputs) are normalised over the "
-                     "global batch")
+    if analysis.unsynced_batch_norms and n > 1:
+        notes.append("not single-device training: the batch statistics of "
+                     f"{', '.join(analysis.unsynced_batch_norms)} are each worker's own rows' "
+                     "(tf.nn.moments over the batch, or a batch norm inside tf.cond or a "
+                     "function, as training=<a tensor> builds it); only fused batch norms "
+                     "in the graph itself (4-D inputs, training=True) are normalised over "
+                     "the global batch")
     return Plan(run_mode=config.run_mode, mode=mode, num_workers=n, sync=config.sync or not on_ps,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step, notes=tuple(notes),
