@@ -99,12 +99,16 @@ def test_lm_loss_falls_like_synchronous_training(tmp_path):
     of the N workers' gradients is applied, so asynchronous training makes N updates per
     round: more progress per step, with stale reads)."""
     sync = _lm(tmp_path, "sync", "--run-mode", "PS")
+    assert sync["sync"] is True and sync["loss_last"] < sync["loss_first"] - 0.5
     for mode in ("PS", "HYBRID"):
         asynchronous = _lm(tmp_path, f"async_{mode}", "--run-mode", mode, "--async")
         assert asynchronous["sync"] is False and asynchronous["mode"] == mode
-        assert asynchronous["loss_last"] < asynchronous["loss_first"] - 0.5
+        # The fall is measured from synchronous training's first 50 steps (the same batches
+        # on worker 0, a deterministic 4.44): asynchronous training's own first 50 steps
+        # hold as many of worker 1's updates as the scheduler let in (3.8 to 4.2 in repeated
+        # runs), so a fall measured from them once missed 0.5 in CI with training fine.
+        assert asynchronous["loss_last"] < sync["loss_first"] - 0.5, (asynchronous, sync)
         assert asynchronous["loss_last"] <= 1.05 * sync["loss_last"], (asynchronous, sync)
-    assert sync["sync"] is True and sync["loss_last"] < sync["loss_first"] - 0.5
 
 
 def test_async_needs_a_parameter_server_mode():
