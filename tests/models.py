@@ -39,7 +39,8 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     decoder loop (`tf.while_loop`) whose body reads an attention weight and a decoder
     kernel. batch_norm: the hidden activation, as a [batch, 2, 1, HIDDEN/2] grid, through
     tf.compat.v1.layers.batch_normalization in training mode (fused; its moving averages
-    updated by UPDATE_OPS before the step, as TF1 scripts do).
+    updated by UPDATE_OPS before the step, as TF1 scripts do); "moments": the hidden
+    activation [batch, HIDDEN] itself (non-fused: tf.nn.moments over the batch).
     """
     g = tf.Graph()
     with g.as_default():
@@ -78,7 +79,10 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
                               initializer=tf1.random_normal_initializer(stddev=0.1))
         w2 = tf1.get_variable("w2", [HIDDEN, OUT], use_resource=use_resource)
         hidden = tf.tanh(tf.matmul(h, w1) + b1)
-        if batch_norm:
+        if batch_norm == "moments":
+            hidden = tf1.layers.batch_normalization(hidden, training=True, momentum=0.9,
+                                                    name="bn")
+        elif batch_norm:
             grid = tf.reshape(hidden, [-1, 2, 1, HIDDEN // 2])
             grid = tf1.layers.batch_normalization(grid, training=True, fused=True,
                                                   momentum=0.9, name="bn")

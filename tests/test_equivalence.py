@@ -46,6 +46,7 @@ SCENARIOS_2 = [
     # Batch norm in training mode: normalised over the global batch (moving averages too).
     sc("momentum_batch_norm", {"optimizer": "momentum", "batch_norm": True}),
     sc("adam_batch_norm_clip", {"optimizer": "adam", "batch_norm": True, "clip": 0.05}),
+    sc("momentum_batch_norm_moments", {"optimizer": "momentum", "batch_norm": "moments"}),
 ]
 SCENARIOS_3 = [
     sc("sgd_average", {"optimizer": "sgd"}),
@@ -53,6 +54,8 @@ SCENARIOS_3 = [
     sc("adam_clip", {"optimizer": "adam", "clip": 0.05}),
     sc("sparse_adam_allgather", {"optimizer": "adam", "sparse": True}, {"run_mode": "AR"}),
     sc("momentum_batch_norm", {"optimizer": "momentum", "batch_norm": True}),
+    sc("adam_batch_norm_moments_clip", {"optimizer": "adam", "batch_norm": "moments",
+                                        "clip": 0.05}),
 ]
 
 results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2)
@@ -68,8 +71,9 @@ def test_two_workers_equal_single_device(results2, scenario):
     assert routes["w1"] == "allreduce"
     if scenario["model"].get("sparse"):
         assert routes["emb"] == "allgather"
-    assert plan["batch_norms"] == (["bn/FusedBatchNormV3"] if scenario["model"].get("batch_norm")
-                                   else [])
+    assert plan["batch_norms"] == {None: [], True: ["bn/FusedBatchNormV3"],
+                                   "moments": ["bn/moments/mean"]}[
+        scenario["model"].get("batch_norm")]
 
 
 @each_scenario(SCENARIOS_3)

@@ -189,9 +189,10 @@ def test_sum_semantics_in_plan():
 
 
 def test_training_batch_norms_are_normalised_over_the_global_batch():
-    """A fused batch norm in training mode is listed in the plan (the rewrite synchronises
-    it; the JSON keeps it); one worker needs nothing; tf.nn.moments over the batch (a
-    non-fused batch norm) and a batch norm inside tf.cond (training=<a tensor>) are not
+    """A fused batch norm in training mode, and tf.nn.moments over the batch (a non-fused
+    batch norm, named by its mean), are listed in the plan (the rewrite synchronises them;
+    the JSON keeps them); one worker needs nothing; a mean named as moments' but not built
+    by tf.nn.moments, and a batch norm inside tf.cond (training=<a tensor>), are not
     synchronised, and the plan says so."""
     plan = plan_for(batch_norm=True)
     assert plan.batch_norms == ("bn/FusedBatchNormV3",)
@@ -199,17 +200,20 @@ def test_training_batch_norms_are_normalised_over_the_global_batch():
     assert Plan.from_json(plan.to_json()) == plan
     assert plan_for(1, batch_norm=True).batch_norms == ()
     assert plan_for().batch_norms == ()
+    assert plan_for(batch_norm="moments").batch_norms == ("bn/moments/mean",)
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [8, 4])
         h = tf1.layers.batch_normalization(tf1.layers.dense(x, 4), training=True)
+        with tf1.name_scope("moments"):  # a mean of the batch, not tf.nn.moments
+            h = h - tf.reduce_mean(tf1.layers.dense(x, 4, name="d2"), 0, name="mean")
         loss = tf.reduce_mean(tf.square(h))
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
-    assert plan.batch_norms == ()
+    assert plan.batch_norms == ("batch_normalization/moments/mean",)
     assert any(note.startswith("not single-device training: the batch statistics of "
-                               "batch_normalization/moments/mean") for note in plan.notes)
+                               "moments/mean are") for note in plan.notes), plan.notes
     # A training flag that is a tensor: the fused ops sit inside tf.cond's functions.
     g = tf.Graph()
     with g.as_default():

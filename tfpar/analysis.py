@@ -188,22 +188,54 @@ FUSED_BATCH_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 
 
 def training_batch_norms(graph: tf.Graph) -> Tuple[str, ...]:
-    """The fused batch-norm ops of `graph` in training mode (they use batch statistics)."""
-    return tuple(sorted(op.name for op in graph.get_operations()
-                        if op.type in FUSED_BATCH_NORMS and op.get_attr("is_training")))
+    """The batch norms of `graph` in training mode (they use batch statistics) that tfpar
+    takes over the global batch: fused batch-norm ops, and `tf.nn.moments` over the batch
+    axis (a non-fused batch norm, as Keras builds for 2-D inputs), named by its mean op."""
+    fused = [op.name for op in graph.get_operations()
+             if op.type in FUSED_BATCH_NORMS and op.get_attr("is_training")]
+    moments = [op.name for op in graph.get_operations() if moments_variance(op) is not None]
+    return tuple(sorted(fused + moments))
+
+
+def _batch_axes(op: tf.Operation) -> Optional[Tuple[int, ...]]:
+    """The axes a `Mean` op reduces, if they are static and hold the batch axis 0."""
+    if op.type != "Mean":
+        return None
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if axes is None or rank is None:
+        return None
+    axes = tuple(sorted(int(a) % rank for a in np.ravel(axes)))
+    return axes if 0 in axes else None
+
+
+def moments_variance(mean: tf.Operation) -> Optional[tf.Operation]:
+    """The variance op of `tf.nn.moments(x, axes)` whose mean op is `mean`, when the axes
+    hold the batch axis: Mean(SquaredDifference(x, StopGradient(mean))) over the same axes;
+    None for any other op."""
+    axes = _batch_axes(mean)
+    if axes is None or not mean.name.endswith("moments/mean"):
+        return None
+    for stop in mean.outputs[0].consumers():
+        if stop.type != "StopGradient":
+            continue
+        for diff in stop.outputs[0].consumers():
+            if diff.type != "SquaredDifference" or diff.inputs[0] is not mean.inputs[0]:
+                continue
+            for variance in diff.outputs[0].consumers():
+                if (_batch_axes(variance) == axes
+                        and variance.get_attr("keep_dims") == mean.get_attr("keep_dims")):
+                    return variance
+    return None
 
 
 def unsynced_batch_norms(graph: tf.Graph) -> Tuple[str, ...]:
-    """Batch statistics tfpar does not take over the global batch: `tf.nn.moments` means
-    over the batch axis (a non-fused batch norm in training mode), and fused batch norms
+    """Batch statistics tfpar does not take over the global batch: means over the batch
+    axis named as `tf.nn.moments`'s but not built as it builds them, and fused batch norms
     in training mode inside functions (`tf.cond` on a `training` tensor builds them so)."""
-    found = []
-    for op in graph.get_operations():
-        if op.type != "Mean" or not op.name.endswith("moments/mean"):
-            continue
-        axes = tf.get_static_value(op.inputs[1])
-        if axes is not None and 0 in [int(a) for a in np.ravel(axes)]:
-            found.append(op.name)
+    found = [op.name for op in graph.get_operations()
+             if op.name.endswith("moments/mean") and _batch_axes(op) is not None
+             and moments_variance(op) is None]
     for function in graph.as_graph_def().library.function:
         for node in function.node_def:
             if node.op in FUSED_BATCH_NORMS and node.attr["is_training"].b:

@@ -85,14 +85,15 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     batch_norms = analysis.batch_norms if n > 1 else ()
     if batch_norms:
         notes.append(f"{len(batch_norms)} batch norm(s) in training mode: normalised over the "
-                     "global batch (every worker's rows, two allreduces each per step)")
+                     "global batch (every worker's rows; four allreduces each per step, two "
+                     "of them in the backward)")
     if analysis.unsynced_batch_norms and n > 1:
         notes.append("not single-device training: the batch statistics of "
                      f"{', '.join(analysis.unsynced_batch_norms)} are each worker's own rows' "
-                     "(tf.nn.moments over the batch, or a batch norm inside tf.cond or a "
-                     "function, as training=<a tensor> builds it); only fused batch norms "
-                     "in the graph itself (4-D inputs, training=True) are normalised over "
-                     "the global batch")
+                     "(a batch norm inside tf.cond or a function, as training=<a tensor> "
+                     "builds it, or a mean named as tf.nn.moments's but not built by it); "
+                     "fused batch norms and tf.nn.moments in the graph itself "
+                     "(training=True) are normalised over the global batch")
     return Plan(run_mode=config.run_mode, mode=mode, num_workers=n, sync=config.sync or not on_ps,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step, notes=tuple(notes),

@@ -4,17 +4,35 @@ On one device a batch-norm layer in training mode normalises by the mean and var
 the whole batch, and its moving averages follow those. A worker holding 1/N of the rows
 would use its own rows' statistics: a different model and gradient, and moving averages
 that differ per worker (Horovod leaves it so, unless the script uses its
-SyncBatchNormalization). tfpar rewrites each training-mode `FusedBatchNorm` the plan lists
-(`Plan.batch_norms`, what `tf.compat.v1.layers.batch_normalization` makes for 4-D
-inputs) to use every worker's rows: the sum of the rows and their count in one Horovod
-allreduce, the sum of squared deviations from that mean in a second; the layer's output,
-its moving averages and its backward (through the allreduces, whose gradient is the
-allreduce of the gradient) come from those. It runs after the other transforms: whatever
-read the user's outputs and gradients, theirs included, reads the new ones.
+SyncBatchNormalization). tfpar rewrites each batch norm the plan lists (`Plan.batch_norms`)
+to use every worker's rows: the sum of the rows and their count in one Horovod allreduce,
+the sum of squared deviations from that mean in a second; the layer's output and its
+moving averages come from those.
+
+- A training-mode `FusedBatchNorm` (what `tf.compat.v1.layers.batch_normalization` makes
+  for 4-D inputs) is replaced by those ops, and its backward is theirs (through the
+  allreduces, whose gradient is the allreduce of the gradient).
+- `tf.nn.moments` over the batch (a non-fused batch norm, e.g. for 2-D inputs) keeps the
+  user's ops and their backward: its two means become global means, and the gradient
+  arriving at each mean's backward is summed over the workers and scaled by local rows /
+  global rows, so that the user's own backward (broadcast, divided by the local rows)
+  yields the global mean's adjoint.
+
+Why the gradient is summed: worker w's loss reads every worker's rows through the global
+statistics, so the gradient of its rows is what all workers' losses send back through the
+statistics; the data-parallel average of the variables' gradients then equals single-device
+training's. It runs after the other transforms: whatever read the user's outputs and
+gradients, theirs included, reads the new ones.
 """
 from __future__ import annotations
 
+import re
+from typing import Dict, List, Tuple
+
+import numpy as np
 import tensorflow as tf
+
+from tfpar.analysis import DEFAULT_GRADIENT_SCOPE, moments_variance
 
 from tfpar.errors import NotYetSupportedError
 from tfpar.plan import Plan
@@ -29,7 +47,11 @@ def apply_sync_batch_norm(graph: tf.Graph, plan: Plan, traffic=None) -> None:
     """Makes every batch norm of `plan.batch_norms` use the statistics of all workers' rows."""
     with graph.as_default():
         for name in plan.batch_norms:
-            _synchronise(graph.get_operation_by_name(name), plan.num_workers, traffic)
+            op = graph.get_operation_by_name(name)
+            if op.type == "Mean":
+                _synchronise_moments(op, plan.num_workers, traffic)
+            else:
+                _synchronise(op, plan.num_workers, traffic)
 
 
 def _synchronise(op: tf.Operation, n: int, traffic) -> None:
@@ -79,3 +101,70 @@ def _synchronise(op: tf.Operation, n: int, traffic) -> None:
             if g is None:
                 g = tf.zeros_like(old)
             surgery.replace_uses(old, g)
+
+
+def _synchronise_moments(mean_op: tf.Operation, n: int, traffic) -> None:
+    """`tf.nn.moments(x, axes)` over the batch -> the moments of every worker's rows."""
+    variance_op = moments_variance(mean_op)
+    if variance_op is None:
+        raise NotYetSupportedError(f"batch norm {mean_op.name!r}: not built as tf.nn.moments")
+    # Found before the rewiring below, which changes what the forward tensors are.
+    incoming = {op: _incoming_gradients(op) for op in (mean_op, variance_op)}
+    x = mean_op.inputs[0]
+    axes = sorted(int(a) % x.shape.rank
+                  for a in np.ravel(tf.get_static_value(mean_op.inputs[1])))
+    keep_dims = mean_op.get_attr("keep_dims")
+    name = safe_name(mean_op.name)
+    with tf.compat.v1.name_scope(f"tfpar/sync_batch_norm/{name}/"), \
+            tf.device(mean_op.device):
+        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
+        local = tf.reduce_sum(x, axes, keepdims=keep_dims)
+        total = allreduce(tf.concat([tf.reshape(local, [-1]), tf.reshape(count, [1])], 0),
+                          False, n, traffic, name=f"{name}_sum")
+        rows = total[-1]
+        mean = tf.reshape(total[:-1], tf.shape(local)) / rows
+    surgery.replace_uses(mean_op.outputs[0], mean)  # the variance's deviations included
+    with tf.compat.v1.name_scope(f"tfpar/sync_batch_norm/{name}/"), \
+            tf.device(variance_op.device):
+        squares = allreduce(tf.reduce_sum(variance_op.inputs[0], axes, keepdims=keep_dims),
+                            False, n, traffic, name=f"{name}_squares")
+        variance = squares / rows
+    surgery.replace_uses(variance_op.outputs[0], variance)
+    for op, gradients in incoming.items():
+        for i, (gradient, readers) in enumerate(gradients):
+            with tf.compat.v1.name_scope(f"tfpar/sync_batch_norm/{name}/backward/"), \
+                    tf.device(op.device):
+                summed = allreduce(gradient, False, n, traffic,
+                                   name=f"{safe_name(op.name)}_grad_{i}")
+                scaled = summed * tf.cast(count / rows, summed.dtype)
+            for reader, index in readers:
+                surgery.replace_input(reader, index, scaled)
+
+
+def _incoming_gradients(op: tf.Operation) -> List[Tuple[tf.Tensor, List[Tuple[tf.Operation,
+                                                                               int]]]]:
+    """For each backward of `op` (one per gradients call that went through it): the gradient
+    arriving at it and the (op, input index) pairs that read it there."""
+    pattern = re.compile(DEFAULT_GRADIENT_SCOPE + re.escape(op.name) + "_grad/")
+    scopes: Dict[str, List[tf.Operation]] = {}
+    for candidate in op.graph.get_operations():
+        match = pattern.search(candidate.name)
+        if match:
+            scopes.setdefault(candidate.name[:match.end()], []).append(candidate)
+    forward = {*op.inputs, *op.outputs}
+    found = []
+    for scope, members in sorted(scopes.items()):
+        inside = set(members)
+        readers: Dict[tf.Tensor, List[Tuple[tf.Operation, int]]] = {}
+        for member in members:
+            for index, t in enumerate(member.inputs):
+                if t.op not in inside and t not in forward:
+                    readers.setdefault(t, []).append((member, index))
+        if len(readers) != 1:
+            raise NotYetSupportedError(
+                f"batch norm {op.name!r}: its backward {scope!r} reads "
+                f"{sorted(t.name for t in readers) or 'no'} gradient(s), one expected; "
+                "build it with tf.nn.moments and tf.gradients (an optimizer's minimize)")
+        [(gradient, uses)] = readers.items()
+        found.append((gradient, uses))
+    return found
