@@ -17,6 +17,27 @@ OPTIMIZERS = {
 }
 
 
+def _batch_norm(hidden, kind, training=True):
+    """`hidden` through a batch norm in training mode (see build's batch_norm)."""
+    if kind in ("cond", "moments_cond"):
+        v2 = tf1.control_flow_v2_enabled()
+        tf1.disable_control_flow_v2()
+        try:
+            training = tf1.placeholder_with_default(True, [], name="training")
+            return _batch_norm(hidden, {"cond": True, "moments_cond": "moments"}[kind],
+                               training)
+        finally:
+            if v2:
+                tf1.enable_control_flow_v2()
+    if kind == "moments":
+        return tf1.layers.batch_normalization(hidden, training=training, momentum=0.9,
+                                              name="bn")
+    grid = tf.reshape(hidden, [-1, 2, 1, HIDDEN // 2])
+    grid = tf1.layers.batch_normalization(grid, training=training, fused=True, momentum=0.9,
+                                          name="bn")
+    return tf.reshape(grid, [-1, HIDDEN])
+
+
 def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=True,
           init_seed=None, batch=None, emb_partitions=None, shared_embedding=False,
           scale_sparse=False, clip_by_norm=None, second_update=False, ema=False,
@@ -40,7 +61,9 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     kernel. batch_norm: the hidden activation, as a [batch, 2, 1, HIDDEN/2] grid, through
     tf.compat.v1.layers.batch_normalization in training mode (fused; its moving averages
     updated by UPDATE_OPS before the step, as TF1 scripts do); "moments": the hidden
-    activation [batch, HIDDEN] itself (non-fused: tf.nn.moments over the batch).
+    activation [batch, HIDDEN] itself (non-fused: tf.nn.moments over the batch); "cond",
+    "moments_cond": the same with training=<a bool tensor that defaults to True>, built
+    with TF1's control flow (as under disable_v2_behavior: Switch and Merge ops).
     """
     g = tf.Graph()
     with g.as_default():
@@ -79,14 +102,8 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
                               initializer=tf1.random_normal_initializer(stddev=0.1))
         w2 = tf1.get_variable("w2", [HIDDEN, OUT], use_resource=use_resource)
         hidden = tf.tanh(tf.matmul(h, w1) + b1)
-        if batch_norm == "moments":
-            hidden = tf1.layers.batch_normalization(hidden, training=True, momentum=0.9,
-                                                    name="bn")
-        elif batch_norm:
-            grid = tf.reshape(hidden, [-1, 2, 1, HIDDEN // 2])
-            grid = tf1.layers.batch_normalization(grid, training=True, fused=True,
-                                                  momentum=0.9, name="bn")
-            hidden = tf.reshape(grid, [-1, HIDDEN])
+        if batch_norm:
+            hidden = _batch_norm(hidden, batch_norm)
         out = tf.matmul(hidden, w2)
         per_example = tf.reduce_sum(tf.square(out - y), axis=1)
         loss = tf.identity(tf.reduce_mean(per_example) if reduce == "mean"

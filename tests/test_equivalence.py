@@ -47,6 +47,9 @@ SCENARIOS_2 = [
     sc("momentum_batch_norm", {"optimizer": "momentum", "batch_norm": True}),
     sc("adam_batch_norm_clip", {"optimizer": "adam", "batch_norm": True, "clip": 0.05}),
     sc("momentum_batch_norm_moments", {"optimizer": "momentum", "batch_norm": "moments"}),
+    # training=<a tensor> under TF1 control flow (disable_v2_behavior): Switch and Merge.
+    sc("momentum_batch_norm_cond", {"optimizer": "momentum", "batch_norm": "cond"}),
+    sc("adam_batch_norm_moments_cond", {"optimizer": "adam", "batch_norm": "moments_cond"}),
 ]
 SCENARIOS_3 = [
     sc("sgd_average", {"optimizer": "sgd"}),
@@ -72,7 +75,9 @@ def test_two_workers_equal_single_device(results2, scenario):
     if scenario["model"].get("sparse"):
         assert routes["emb"] == "allgather"
     assert plan["batch_norms"] == {None: [], True: ["bn/FusedBatchNormV3"],
-                                   "moments": ["bn/moments/mean"]}[
+                                   "moments": ["bn/moments/mean"],
+                                   "cond": ["bn/cond/FusedBatchNormV3"],
+                                   "moments_cond": ["bn/moments/mean"]}[
         scenario["model"].get("batch_norm")]
 
 

@@ -56,6 +56,8 @@ SCENARIOS_2 = [
     sc("ps_adam_batch_norm_clip_all", "adam", {"run_mode": "PS"}, batch_norm=True, clip=CLIP),
     sc("hybrid_sgd_ref_batch_norm_moments_clip_all", "sgd", batch_norm="moments", clip=CLIP,
        use_resource=False),
+    sc("ps_adagrad_batch_norm_cond_clip_all", "adagrad", {"run_mode": "PS"}, batch_norm="cond",
+       clip=CLIP),
     sc("ps_adam_clip_all", "adam", {"run_mode": "PS"}, clip=CLIP),
     sc("ps_adagrad_ref_scaled", "adagrad", {"run_mode": "PS"}, scale_sparse=True,
        use_resource=False),
@@ -90,9 +92,9 @@ def _check(ranks, scenario):
     if scenario["model"].get("decoder"):
         assert plan["attention_g"]["route"] == ("ps" if mode == "PS" else "allreduce")
     if scenario["model"].get("batch_norm"):  # synchronised (unsynchronised: w1 differs)
-        assert json.loads(str(ranks[0]["plan"]))["batch_norms"] == (
-            ["bn/moments/mean"] if scenario["model"]["batch_norm"] == "moments"
-            else ["bn/FusedBatchNormV3"])
+        assert json.loads(str(ranks[0]["plan"]))["batch_norms"] == [
+            {"moments": "bn/moments/mean", "cond": "bn/cond/FusedBatchNormV3"}.get(
+                scenario["model"]["batch_norm"], "bn/FusedBatchNormV3")]
     if scenario["model"].get("ema"):
         assert "w1/ExponentialMovingAverage" in plan and "shared/ExponentialMovingAverage" in plan
 

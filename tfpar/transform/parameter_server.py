@@ -226,13 +226,18 @@ class _Rewriter:
                         if t is handle:
                             surgery.replace_input(c, i, initial)
                 continue  # e.g. an EMA shadow's initial value: reads the initial value then
-            elif c.type in FUNCTIONAL and self._resource(v) and len(v.parts) == 1:
+            elif ((c.type in FUNCTIONAL or c.type == "Switch") and self._resource(v)
+                  and len(v.parts) == 1):
                 # A loop or function reads the variable inside (an LSTM's weights in a
-                # tf.while_loop): it gets the handle of the variable's one part on the PS.
+                # tf.while_loop), or TF1's cond passes its handle into a branch (a batch
+                # norm's training=<a tensor>): it gets the handle of the variable's one
+                # part on the PS.
                 part = self.parts[v.name][0]
                 for i, t in enumerate(c.inputs):
                     if t is handle:
                         surgery.replace_input(c, i, part.handle)
+                if c.type == "Switch":  # it passes the handle on: where the handle is
+                    surgery.place_apart(c, part.handle.device)
             elif (c.type in ("RefSwitch", "Switch", "RefEnter", "Enter")
                   and self._initialisation_only(c, originals)):
                 continue  # v1 control flow of an initial value (its branch is not taken)

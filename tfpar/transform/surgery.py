@@ -35,6 +35,14 @@ def set_device(op: tf.Operation, device: str) -> None:
     op._set_device(device)  # pylint: disable=protected-access
 
 
+def place_apart(op: tf.Operation, device: str) -> None:
+    """Places an existing op on `device` and drops its colocation with other ops (TF1's
+    cond colocates a variable's Switch with the variable, which may stay elsewhere)."""
+    if "_class" in op.node_def.attr:
+        op._clear_attr("_class")  # pylint: disable=protected-access
+    op._set_device(device)  # pylint: disable=protected-access
+
+
 def replace_control_inputs(op: tf.Operation, old: Iterable[tf.Operation],
                            new: tf.Operation) -> bool:
     """Makes `op` wait for `new` instead of any op in `old`, and for what those waited for
