@@ -19,16 +19,18 @@ OPTIMIZERS = {
 
 def _batch_norm(hidden, kind, training=True):
     """`hidden` through a batch norm in training mode (see build's batch_norm)."""
-    if kind in ("cond", "moments_cond"):
+    if kind in ("cond", "moments_cond", "cond_tf2"):
         v2 = tf1.control_flow_v2_enabled()
-        tf1.disable_control_flow_v2()
+        if kind == "cond_tf2":
+            tf1.enable_control_flow_v2()
+        else:
+            tf1.disable_control_flow_v2()
         try:
             training = tf1.placeholder_with_default(True, [], name="training")
-            return _batch_norm(hidden, {"cond": True, "moments_cond": "moments"}[kind],
+            return _batch_norm(hidden, "moments" if kind == "moments_cond" else True,
                                training)
         finally:
-            if v2:
-                tf1.enable_control_flow_v2()
+            (tf1.enable_control_flow_v2 if v2 else tf1.disable_control_flow_v2)()
     if kind == "moments":
         return tf1.layers.batch_normalization(hidden, training=training, momentum=0.9,
                                               name="bn")
@@ -63,7 +65,8 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     updated by UPDATE_OPS before the step, as TF1 scripts do); "moments": the hidden
     activation [batch, HIDDEN] itself (non-fused: tf.nn.moments over the batch); "cond",
     "moments_cond": the same with training=<a bool tensor that defaults to True>, built
-    with TF1's control flow (as under disable_v2_behavior: Switch and Merge ops).
+    with TF1's control flow (as under disable_v2_behavior: Switch and Merge ops);
+    "cond_tf2": the fused one so, with TF2's control flow (an If op and its functions).
     """
     g = tf.Graph()
     with g.as_default():
@@ -206,6 +209,11 @@ def batches(steps, global_batch, seed=0, vocab=None):
             ids = rng.randint(0, VOCAB // 2, size=global_batch).astype(np.int32)
         out.append((x, y, ids))
     return out
+
+
+def eval_batch(global_batch, vocab=None):
+    """One batch (x, y, ids) that no training step reads, for evaluation after training."""
+    return batches(1, global_batch, seed=5, vocab=vocab)[0]
 
 
 def feed(handles, x, y, ids):

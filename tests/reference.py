@@ -31,7 +31,22 @@ def single_device(scenario, n, init):
                 losses.append(out[0])
                 norms.extend(out[2:])
             single_device.norms = norms  # the raw global norms, for tests of clipping
+            single_device.eval_losses = _eval_losses(sess, graph, h, scenario, n)
             return models.variable_values(sess, graph), losses
+
+
+def _eval_losses(sess, graph, h, scenario, n):
+    """With a `training` placeholder in the graph (a batch norm's training=<a tensor>):
+    the loss in inference mode (training=False) on each worker's rows of models.eval_batch,
+    after training; else None."""
+    if "training" not in [op.name for op in graph.get_operations()]:
+        return None
+    b = scenario["batch"]
+    x, y, ids = models.eval_batch(b * n, scenario.get("vocab"))
+    training = graph.get_tensor_by_name("training:0")
+    return [sess.run(h["loss"], {**models.feed(h, x[r * b:(r + 1) * b], y[r * b:(r + 1) * b],
+                                               ids[r * b:(r + 1) * b]), training: False})
+            for r in range(n)]
 
 
 def check(out_dir, scenario, n):
@@ -48,6 +63,10 @@ def check(out_dir, scenario, n):
         for k in names:
             np.testing.assert_allclose(data[f"final/{k}"], expected[k], rtol=RTOL, atol=ATOL,
                                        err_msg=f"{scenario['name']}: {k} on worker {r}")
+    if single_device.eval_losses is not None:  # inference mode after training, per worker
+        for r, data in enumerate(ranks):
+            np.testing.assert_allclose(data["eval_loss"], single_device.eval_losses[r],
+                                       rtol=RTOL, atol=ATOL, err_msg=f"eval loss on {r}")
     # Training moved the variables (the comparison is not between two untouched copies).
     moved = [k for k in names if not np.allclose(expected[k], init0[k])]
     assert "w1" in moved and "global_step" in moved

@@ -50,6 +50,7 @@ SCENARIOS_2 = [
     # training=<a tensor> under TF1 control flow (disable_v2_behavior): Switch and Merge.
     sc("momentum_batch_norm_cond", {"optimizer": "momentum", "batch_norm": "cond"}),
     sc("adam_batch_norm_moments_cond", {"optimizer": "adam", "batch_norm": "moments_cond"}),
+    sc("momentum_batch_norm_cond_tf2", {"optimizer": "momentum", "batch_norm": "cond_tf2"}),
 ]
 SCENARIOS_3 = [
     sc("sgd_average", {"optimizer": "sgd"}),
@@ -77,7 +78,8 @@ def test_two_workers_equal_single_device(results2, scenario):
     assert plan["batch_norms"] == {None: [], True: ["bn/FusedBatchNormV3"],
                                    "moments": ["bn/moments/mean"],
                                    "cond": ["bn/cond/FusedBatchNormV3"],
-                                   "moments_cond": ["bn/moments/mean"]}[
+                                   "moments_cond": ["bn/moments/mean"],
+                                   "cond_tf2": ["bn/cond"]}[
         scenario["model"].get("batch_norm")]
 
 

@@ -191,9 +191,9 @@ def test_sum_semantics_in_plan():
 def test_training_batch_norms_are_normalised_over_the_global_batch():
     """A fused batch norm in training mode, and tf.nn.moments over the batch (a non-fused
     batch norm, named by its mean), are listed in the plan (the rewrite synchronises them;
-    the JSON keeps them); one worker needs nothing; a mean named as moments' but not built
-    by tf.nn.moments, and a batch norm inside tf.cond (training=<a tensor>), are not
-    synchronised, and the plan says so."""
+    the JSON keeps them), and so is Keras's tf.cond for training=<a tensor>; one worker
+    needs nothing; a mean named as moments' but not built by tf.nn.moments, and a fused
+    batch norm inside another tf.cond, are not synchronised, and the plan says so."""
     plan = plan_for(batch_norm=True)
     assert plan.batch_norms == ("bn/FusedBatchNormV3",)
     assert any("normalised over the global batch" in note for note in plan.notes)
@@ -223,6 +223,18 @@ def test_training_batch_norms_are_normalised_over_the_global_batch():
         loss = tf.reduce_mean(tf.square(h))
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
+    assert plan.batch_norms == ("batch_normalization/cond",)
+    assert not any(note.startswith("not single-device training") for note in plan.notes)
+    # A fused batch norm in a cond that is not Keras's: its branch computes more after it.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 2, 2, 3])
+        training = tf1.placeholder_with_default(True, [])
+        scale = tf1.get_variable("scale", [3])
+        h = tf.cond(training, lambda: 2.0 * tf1.nn.fused_batch_norm(
+            x, scale, tf.zeros([3]), is_training=True)[0], lambda: x)
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_mean(tf.square(h)))
     plan = make_plan(analyse(g), tfpar.Config(), parse_resources("localhost:2"))
     assert plan.batch_norms == ()
     assert any(note.startswith("not single-device training") and "cond_true" in note

@@ -58,6 +58,8 @@ SCENARIOS_2 = [
        use_resource=False),
     sc("ps_adagrad_batch_norm_cond_clip_all", "adagrad", {"run_mode": "PS"}, batch_norm="cond",
        clip=CLIP),
+    sc("ps_adam_batch_norm_cond_tf2_clip_all", "adam", {"run_mode": "PS"},
+       batch_norm="cond_tf2", clip=CLIP),
     sc("ps_adam_clip_all", "adam", {"run_mode": "PS"}, clip=CLIP),
     sc("ps_adagrad_ref_scaled", "adagrad", {"run_mode": "PS"}, scale_sparse=True,
        use_resource=False),
@@ -75,6 +77,7 @@ SCENARIOS_4 = [
     sc("ps_adagrad_seq2seq_clip_all", "adagrad", {"run_mode": "PS"}, decoder=True, clip=CLIP),
     sc("hybrid_adam_batch_norm_clip_all", "adam", batch_norm=True, clip=CLIP),
     sc("ps_momentum_batch_norm_moments", "momentum", {"run_mode": "PS"}, batch_norm="moments"),
+    sc("hybrid_sgd_batch_norm_cond_tf2", "sgd", batch_norm="cond_tf2"),
 ]
 
 results2 = job_results("results2", "post2", 2, SCENARIOS_2)
@@ -93,7 +96,8 @@ def _check(ranks, scenario):
         assert plan["attention_g"]["route"] == ("ps" if mode == "PS" else "allreduce")
     if scenario["model"].get("batch_norm"):  # synchronised (unsynchronised: w1 differs)
         assert json.loads(str(ranks[0]["plan"]))["batch_norms"] == [
-            {"moments": "bn/moments/mean", "cond": "bn/cond/FusedBatchNormV3"}.get(
+            {"moments": "bn/moments/mean", "cond": "bn/cond/FusedBatchNormV3",
+             "cond_tf2": "bn/cond"}.get(
                 scenario["model"]["batch_norm"], "bn/FusedBatchNormV3")]
     if scenario["model"].get("ema"):
         assert "w1/ExponentialMovingAverage" in plan and "shared/ExponentialMovingAverage" in plan

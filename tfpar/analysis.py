@@ -189,12 +189,79 @@ FUSED_BATCH_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 
 def training_batch_norms(graph: tf.Graph) -> Tuple[str, ...]:
     """The batch norms of `graph` in training mode (they use batch statistics) that tfpar
-    takes over the global batch: fused batch-norm ops, and `tf.nn.moments` over the batch
-    axis (a non-fused batch norm, as Keras builds for 2-D inputs), named by its mean op."""
+    takes over the global batch: fused batch-norm ops, `tf.nn.moments` over the batch
+    axis (a non-fused batch norm, as Keras builds for 2-D inputs), named by its mean op,
+    and TF2 `tf.cond`s with a fused one in a branch (`training=<a tensor>`), by the cond."""
     fused = [op.name for op in graph.get_operations()
              if op.type in FUSED_BATCH_NORMS and op.get_attr("is_training")]
     moments = [op.name for op in graph.get_operations() if moments_variance(op) is not None]
-    return tuple(sorted(fused + moments))
+    conds = [c.cond for c in cond_batch_norms(graph)]
+    return tuple(sorted(fused + moments + conds))
+
+
+CONDS = ("If", "StatelessIf")
+
+
+@dataclasses.dataclass(frozen=True)
+class CondBatchNorm:
+    """A fused batch norm in training mode inside one branch of a TF2 `tf.cond` (what
+    Keras builds for `training=<a tensor>`), returning its y, batch mean and batch variance
+    as the cond's outputs 0, 1 and 2 (the other branch: inference)."""
+
+    cond: str  # the If op
+    in_then_branch: bool  # whether the branch taken when the predicate is true trains
+    # x, scale, offset, mean, variance: (the cond's input index, read from a variable)
+    inputs: Tuple[Tuple[int, bool], ...]
+    epsilon: float
+    data_format: str
+    exponential_avg_factor: float
+
+
+def cond_batch_norms(graph: tf.Graph) -> Tuple[CondBatchNorm, ...]:
+    """Every TF2 `tf.cond` of `graph` built as Keras builds a batch norm with a training
+    tensor (see CondBatchNorm); other training batch norms in functions are not listed."""
+    conds = [op for op in graph.get_operations() if op.type in CONDS]
+    if not conds:
+        return ()
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    found = []
+    for op in conds:
+        branches = [library.get(op.get_attr(a).name) for a in ("then_branch", "else_branch")]
+        training = [[n for n in f.node_def if n.op in FUSED_BATCH_NORMS
+                     and n.attr["is_training"].b] if f is not None else [None]
+                    for f in branches]
+        if sorted(len(t) for t in training) != [0, 1]:
+            continue
+        in_then = len(training[0]) == 1
+        function, node = (branches[0], training[0][0]) if in_then else (branches[1],
+                                                                         training[1][0])
+        inputs = _function_inputs(function, [i for i in node.input if not i.startswith("^")])
+        outputs = [function.ret[a.name] for a in function.signature.output_arg[:3]]
+        if inputs is None or outputs != [f"{node.name}:{o}:0" for o in
+                                         ("y", "batch_mean", "batch_variance")]:
+            continue
+        found.append(CondBatchNorm(
+            op.name, in_then, tuple((i + 1, read) for i, read in inputs[:5]),
+            node.attr["epsilon"].f, node.attr["data_format"].s.decode() or "NHWC",
+            node.attr["exponential_avg_factor"].f if node.op == "FusedBatchNormV3" else 1.0))
+    return tuple(found)
+
+
+def _function_inputs(function, inputs) -> Optional[List[Tuple[int, bool]]]:
+    """For each input of a node in `function`: (the function argument's index, whether it
+    is read through a ReadVariableOp of the argument); None if one is anything else."""
+    args = [a.name for a in function.signature.input_arg]
+    nodes = {n.name: n for n in function.node_def}
+    out = []
+    for name in inputs:
+        if name in args:
+            out.append((args.index(name), False))
+            continue
+        node = nodes.get(name.split(":")[0])
+        if node is None or node.op != "ReadVariableOp" or node.input[0] not in args:
+            return None
+        out.append((args.index(node.input[0]), True))
+    return out
 
 
 def _batch_axes(op: tf.Operation) -> Optional[Tuple[int, ...]]:
@@ -232,13 +299,17 @@ def moments_variance(mean: tf.Operation) -> Optional[tf.Operation]:
 def unsynced_batch_norms(graph: tf.Graph) -> Tuple[str, ...]:
     """Batch statistics tfpar does not take over the global batch: means over the batch
     axis named as `tf.nn.moments`'s but not built as it builds them, and fused batch norms
-    in training mode inside functions (`tf.cond` on a `training` tensor builds them so)."""
+    in training mode inside functions other than a cond_batch_norms branch."""
     found = [op.name for op in graph.get_operations()
              if op.name.endswith("moments/mean") and _batch_axes(op) is not None
              and moments_variance(op) is None]
+    synced = {graph.get_operation_by_name(c.cond).get_attr(
+        "then_branch" if c.in_then_branch else "else_branch").name
+        for c in cond_batch_norms(graph)}
     for function in graph.as_graph_def().library.function:
         for node in function.node_def:
-            if node.op in FUSED_BATCH_NORMS and node.attr["is_training"].b:
+            if (node.op in FUSED_BATCH_NORMS and node.attr["is_training"].b
+                    and function.signature.name not in synced):
                 found.append(f"{function.signature.name}/{node.name}")
     return tuple(sorted(found))
 

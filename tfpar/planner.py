@@ -90,10 +90,10 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     if analysis.unsynced_batch_norms and n > 1:
         notes.append("not single-device training: the batch statistics of "
                      f"{', '.join(analysis.unsynced_batch_norms)} are each worker's own rows' "
-                     "(a batch norm inside tf.cond or a function, as training=<a tensor> "
-                     "builds it, or a mean named as tf.nn.moments's but not built by it); "
-                     "fused batch norms and tf.nn.moments in the graph itself "
-                     "(training=True) are normalised over the global batch")
+                     "(a fused batch norm inside a function other than Keras's tf.cond for "
+                     "training=<a tensor>, or a mean named as tf.nn.moments's but not built "
+                     "by it); fused batch norms, tf.nn.moments and Keras's training "
+                     "tensor's tf.cond are normalised over the global batch")
     return Plan(run_mode=config.run_mode, mode=mode, num_workers=n, sync=config.sync or not on_ps,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step, notes=tuple(notes),

@@ -40,10 +40,19 @@ def main(scenarios_path, out_dir):
                 losses.append(loss)
             final = runner.run(variables)
             d = os.path.join(out_dir, sc["name"])
+            eval_loss = {}
+            if "training" in [op.name for op in graph.get_operations()]:
+                # Inference mode (a batch norm's training=<a tensor> fed False) on every
+                # worker: the moving averages, as on one device.
+                x, y, ids = models.eval_batch(b * runner.num_workers, sc.get("vocab"))
+                eval_loss["eval_loss"] = runner.run(h["loss"], feed_dict={
+                    **models.feed(h, x[lo:hi], y[lo:hi], ids[lo:hi]),
+                    graph.get_tensor_by_name("training:0"): False})
             os.makedirs(d, exist_ok=True)
             arrays = {f"init/{n}": v for n, v in zip(names, init)}
             arrays.update({f"final/{n}": v for n, v in zip(names, final)})
             arrays["losses"] = np.array(losses)
+            arrays.update(eval_loss)
             arrays["plan"] = np.array(runner.plan.to_json())
             arrays["communication"] = np.array(json.dumps(runner.communication()))
             arrays["ps_pushes"] = np.array(json.dumps(runner.ps_pushes()))

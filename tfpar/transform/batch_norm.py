@@ -32,7 +32,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import tensorflow as tf
 
-from tfpar.analysis import DEFAULT_GRADIENT_SCOPE, moments_variance
+from tfpar.analysis import CONDS, DEFAULT_GRADIENT_SCOPE, cond_batch_norms, moments_variance
 
 from tfpar.errors import NotYetSupportedError
 from tfpar.plan import Plan
@@ -50,45 +50,21 @@ def apply_sync_batch_norm(graph: tf.Graph, plan: Plan, traffic=None) -> None:
             op = graph.get_operation_by_name(name)
             if op.type == "Mean":
                 _synchronise_moments(op, plan.num_workers, traffic)
+            elif op.type in CONDS:
+                _synchronise_cond(op, plan.num_workers, traffic)
             else:
                 _synchronise(op, plan.num_workers, traffic)
 
 
 def _synchronise(op: tf.Operation, n: int, traffic) -> None:
+    """A fused batch norm in the graph itself -> the same over every worker's rows."""
     x, scale, offset, mean_in, var_in = op.inputs[:5]
-    channels_first = op.get_attr("data_format") in (b"NCHW", b"NCDHW")
-    rank = x.shape.rank
-    if rank is None:
-        raise NotYetSupportedError(f"batch norm {op.name!r}: its input's rank is unknown")
-    axes = [0] + list(range(2, rank)) if channels_first else list(range(rank - 1))
-    channel_axis = 1 if channels_first else rank - 1
-    epsilon = op.get_attr("epsilon")
     factor = op.get_attr("exponential_avg_factor") if op.type == "FusedBatchNormV3" else 1.0
     scope = f"tfpar/sync_batch_norm/{safe_name(op.name)}"
-    with tf.compat.v1.name_scope(scope + "/"), tf.device(op.device):
-        xf = tf.cast(x, tf.float32)  # as the fused op computes (float16 inputs too)
-        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(xf), axes)), tf.float32)
-        local = tf.concat([tf.reduce_sum(xf, axes), tf.reshape(count, [1])], 0)
-        total = allreduce(local, False, n, traffic, name=f"{safe_name(op.name)}_sum")
-        rows = total[-1]
-        mean = total[:-1] / rows
-        shape = [1] * rank
-        shape[channel_axis] = -1
-        centered = xf - tf.reshape(mean, shape)
-        squares = allreduce(tf.reduce_sum(tf.square(centered), axes), False, n, traffic,
-                            name=f"{safe_name(op.name)}_squares")
-        variance = squares / rows
-        factor_of = tf.math.rsqrt(variance + epsilon) * scale
-        y = tf.cast(centered * tf.reshape(factor_of, shape) + tf.reshape(offset, shape),
-                    x.dtype)
-        # What the fused op returns for the moving averages: the variance with Bessel's
-        # correction, both averaged into the inputs when it keeps the averages itself.
-        unbiased = variance * rows / tf.maximum(rows - 1.0, 1.0)
-        if factor != 1.0:
-            mean_out = (1.0 - factor) * mean_in + factor * mean
-            var_out = (1.0 - factor) * var_in + factor * unbiased
-        else:
-            mean_out, var_out = mean, unbiased
+    with tf.device(op.device):
+        y, mean_out, var_out = _global_batch_norm(
+            x, scale, offset, mean_in, var_in, op.get_attr("epsilon"),
+            op.get_attr("data_format").decode(), factor, n, traffic, scope)
     grads = [c for c in op.outputs[3].consumers() if c.type in _GRADS]
     surgery.replace_uses(op.outputs[0], y)
     surgery.replace_uses(op.outputs[1], mean_out)
@@ -101,6 +77,91 @@ def _synchronise(op: tf.Operation, n: int, traffic) -> None:
             if g is None:
                 g = tf.zeros_like(old)
             surgery.replace_uses(old, g)
+
+
+def _synchronise_cond(op: tf.Operation, n: int, traffic) -> None:
+    """A TF2 `tf.cond` whose training branch is a fused batch norm (Keras's
+    `training=<a tensor>`): where the predicate picks that branch, its y, batch mean and
+    variance, and the gradients the cond's backward gives its x, scale and offset, come
+    from the batch norm over every worker's rows. The cond still runs (its other branch
+    is inference), and the global statistics are computed on every step whichever branch
+    is taken, so every worker runs each step that reads the layer."""
+    found = {c.cond: c for c in cond_batch_norms(op.graph)}.get(op.name)
+    if found is None:
+        raise NotYetSupportedError(f"batch norm {op.name!r}: not a tf.cond as Keras builds it")
+    scope = f"tfpar/sync_batch_norm/{safe_name(op.name)}"
+    pred = op.inputs[0]
+
+    def chosen(synchronised, original):  # where the predicate picks the training branch
+        if found.in_then_branch:
+            return tf.where(pred, synchronised, original)
+        return tf.where(pred, original, synchronised)
+
+    with tf.compat.v1.name_scope(scope + "/"), tf.device(op.device):
+        values = []
+        for k, (index, read) in enumerate(found.inputs):
+            t = op.inputs[index]
+            if read:  # where the variable is (a parameter server's, in PS mode)
+                with tf.device(t.op.device):
+                    t = tf.raw_ops.ReadVariableOp(
+                        resource=t, dtype=op.outputs[0].dtype if k == 0 else tf.float32)
+            values.append(t)
+    with tf.device(op.device):
+        outputs = _global_batch_norm(*values, found.epsilon, found.data_format,
+                                     found.exponential_avg_factor, n, traffic, scope)
+    backward = [c for t in op.outputs for c in t.consumers() if c.type in CONDS]
+    with tf.compat.v1.name_scope(scope + "/"), tf.device(op.device):
+        for k, new in enumerate(outputs):
+            old = op.outputs[k]
+            picked = chosen(new, old)
+            surgery.replace_uses(old, picked, keep=[picked.op])
+    for grad in dict.fromkeys(backward):
+        if len(grad.outputs) != len(op.inputs) - 1:
+            raise NotYetSupportedError(f"batch norm {op.name!r}: its backward {grad.name!r} "
+                                       "does not give one gradient per input")
+        dy = grad.inputs[1]  # after the predicate: the gradient of the cond's output 0, y
+        with tf.compat.v1.name_scope(scope + "/backward/"), tf.device(grad.device):
+            new = tf.gradients(outputs[0], values[:3], grad_ys=dy)
+            for (index, _), g in zip(found.inputs[:3], new):
+                old = grad.outputs[index - 1]
+                picked = chosen(tf.zeros_like(old) if g is None else g, old)
+                surgery.replace_uses(old, picked, keep=[picked.op])
+
+
+def _global_batch_norm(x, scale, offset, mean_in, var_in, epsilon: float, data_format: str,
+                       factor: float, n: int, traffic, scope: str):
+    """What a fused batch norm in training mode returns (y, batch mean, batch variance for
+    the moving averages), over every worker's rows."""
+    channels_first = data_format in ("NCHW", "NCDHW")
+    rank = x.shape.rank
+    if rank is None:
+        raise NotYetSupportedError(f"batch norm {scope!r}: its input's rank is unknown")
+    axes = [0] + list(range(2, rank)) if channels_first else list(range(rank - 1))
+    channel_axis = 1 if channels_first else rank - 1
+    name = scope.rsplit("/", 1)[-1]
+    with tf.compat.v1.name_scope(scope + "/"):
+        xf = tf.cast(x, tf.float32)  # as the fused op computes (float16 inputs too)
+        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(xf), axes)), tf.float32)
+        local = tf.concat([tf.reduce_sum(xf, axes), tf.reshape(count, [1])], 0)
+        total = allreduce(local, False, n, traffic, name=f"{name}_sum")
+        rows = total[-1]
+        mean = total[:-1] / rows
+        shape = [1] * rank
+        shape[channel_axis] = -1
+        centered = xf - tf.reshape(mean, shape)
+        squares = allreduce(tf.reduce_sum(tf.square(centered), axes), False, n, traffic,
+                            name=f"{name}_squares")
+        variance = squares / rows
+        factor_of = tf.math.rsqrt(variance + epsilon) * scale
+        y = tf.cast(centered * tf.reshape(factor_of, shape) + tf.reshape(offset, shape),
+                    x.dtype)
+        # What the fused op returns for the moving averages: the variance with Bessel's
+        # correction, both averaged into the inputs when it keeps the averages itself.
+        unbiased = variance * rows / tf.maximum(rows - 1.0, 1.0)
+        if factor != 1.0:
+            return (y, (1.0 - factor) * mean_in + factor * mean,
+                    (1.0 - factor) * var_in + factor * unbiased)
+        return y, mean, unbiased
 
 
 def _synchronise_moments(mean_op: tf.Operation, n: int, traffic) -> None:
