@@ -37,7 +37,8 @@ from scripts.report import invocation, machine  # noqa: E402
 
 from tfpar.emulate import EmulatedCluster  # noqa: E402
 
-SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_allreduce", "HYBRID_async",
+SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_allreduce",
+           "HYBRID_allgather", "HYBRID_async",
            "HYBRID_direct", "AR", "PS", "PS_measured", "PS_async", "PS_direct", "horovod",
            "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
@@ -45,6 +46,7 @@ DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_asyn
 LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_auto": "tfpar HYBRID, density routing",
           "HYBRID_allreduce": "tfpar HYBRID, sparse by allreduce",
+          "HYBRID_allgather": "tfpar HYBRID, sparse by allgather",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
           "HYBRID_direct": "tfpar HYBRID, no local aggregation",
           "HYBRID_measured": "tfpar HYBRID, routes and aggregation measured",
@@ -126,7 +128,7 @@ def model_bytes(system, vocab, n, hosts, rows):
         total = ps(sparse_unique_pull + dense, sparse_host_push + dense)
     elif system in ("PS_async", "PS_direct"):
         total = ps(sparse_unique_pull + dense, (per_worker_push + dense) * n / hosts)
-    elif system in ("AR", "horovod"):
+    elif system in ("AR", "horovod", "HYBRID_allgather"):
         total = ring_allreduce(dense) + ring_allgather(sparse_dup)
     elif system == "horovod_sparse_as_dense":
         total = ring_allreduce(dense + sparse_all)
@@ -149,6 +151,8 @@ def modelled_as(system, summary):
     routes = {summary["routes"][name] for name in sparse}
     if routes == {"allreduce"}:
         return "HYBRID_allreduce"
+    if routes == {"allgather"}:
+        return "HYBRID_allgather"
     return "HYBRID" if summary.get("local_aggregation", True) else "HYBRID_direct"
 
 
@@ -165,7 +169,8 @@ def command(system, vocab, batch, steps, warmup, hosts):
         script = [os.path.join(REPO, "examples", "lm.py"), "--run-mode", mode,
                   "--partitions", str(hosts)]
         script += {"": [], "auto": ["--sparse-route", "auto"],
-                   "allreduce": ["--sparse-route", "allreduce"], "async": ["--async"],
+                   "allreduce": ["--sparse-route", "allreduce"],
+                   "allgather": ["--sparse-route", "allgather"], "async": ["--async"],
                    "direct": ["--no-local-aggregation"],
                    "measured": ["--sparse-route", "auto", "--local-aggregation", "auto"]
                    if mode == "HYBRID" else ["--local-aggregation", "auto"]}[variant]
@@ -345,37 +350,42 @@ def table(rows, rate):
     return "\n".join(lines)
 
 
+FIXED_ROUTES = (("ps", "HYBRID"), ("allreduce", "HYBRID_allreduce"),
+                ("allgather", "HYBRID_allgather"))
+
+
 def density_table(rows):
-    """Per configuration: alpha, density routing's choice and time, and both fixed routes."""
+    """Per configuration: alpha, density routing's choice and time, and each fixed route's
+    (the columns of routes this run did not measure say "-")."""
     lines = []
     for r in rows:
         if r["system"] != "HYBRID_auto":
             continue
         same = {x["system"]: x for x in rows if (x["rate"], x["workers"], x["vocab"])
                 == (r["rate"], r["workers"], r["vocab"])}
-        ps, ar = same.get("HYBRID"), same.get("HYBRID_allreduce")
+        fixed = {route: same[system]["step_time_s"] for route, system in FIXED_ROUTES
+                 if system in same}
         chosen = sorted(set(r["routes"].values()))
-        if ps is None or ar is None:
+        if len(fixed) < 2 or len(chosen) != 1:
             faster = "-"
-        elif abs(ps["step_time_s"] - ar["step_time_s"]) < 0.05 * min(ps["step_time_s"],
-                                                                   ar["step_time_s"]):
-            faster = "either (within 5%)"
         else:
-            faster = ("yes" if (chosen == ["allreduce"]) == (ar["step_time_s"] < ps["step_time_s"])
-                      else "no")
+            best = min(fixed.values())
+            near = [route for route, t in fixed.items() if t <= 1.05 * best]
+            faster = ("yes" if chosen[0] in near else "no") + (
+                f" (within 5%: {', '.join(near)})" if len(near) > 1 else "")
         alpha = r["alpha"]
         lines.append(
             f"| {r['rate']} | {r['workers']} | {r['vocab']:,} | "
             f"{alpha.get('embedding', float('nan')):.3f} / "
             f"{alpha.get('softmax/weights', float('nan')):.3f} | {', '.join(chosen)} | "
             f"{r['step_time_s'] * 1e3:.0f} | "
-            + (f"{ps['step_time_s'] * 1e3:.0f}" if ps else "-") + " | "
-            + (f"{ar['step_time_s'] * 1e3:.0f}" if ar else "-") + f" | {faster} |")
+            + " | ".join(f"{fixed[route] * 1e3:.0f}" if route in fixed else "-"
+                         for route, _ in FIXED_ROUTES) + f" | {faster} |")
     if not lines:
         return ""
     head = ("| link | N | vocab | alpha | route chosen | density-routed (ms) | ps (ms) | "
-            "allreduce (ms) | chose the faster |")
-    return "\n".join([head, "|" + "---|" * 9] + lines)
+            "allreduce (ms) | allgather (ms) | chose the fastest |")
+    return "\n".join([head, "|" + "---|" * 10] + lines)
 
 
 def write(rows, args, argv=None, stamp=None):
@@ -400,11 +410,12 @@ def write(rows, args, argv=None, stamp=None):
         text.append(f"\n## Links at {rate}\n\n{table(rows, rate)}\n")
     sweep = density_table(rows)
     if sweep:
-        text.append("\n## Density routing: measured alpha, the route chosen, and both routes\n\n"
+        text.append("\n## Density routing: measured alpha, the route chosen, and each route\n\n"
                     "alpha: the fraction of a variable's rows one worker's step touches, "
                     "measured by the density-routed run (embedding / softmax weights). "
-                    "`ps` and `allreduce`: tfpar HYBRID with every sparse variable on the "
-                    "parameter servers, or through a dense allreduce.\n\n" + sweep + "\n")
+                    "`ps`, `allreduce` and `allgather`: tfpar HYBRID with every sparse "
+                    "variable on the parameter servers, through a dense allreduce, or "
+                    "through Horovod's allgather.\n\n" + sweep + "\n")
     text.append(f"\n![step time and wire bytes]({args.name}.png)\n")
     with open(os.path.join(args.out, args.name + ".md"), "w") as f:
         f.write("".join(text))

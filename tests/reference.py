@@ -87,12 +87,16 @@ def each_scenario(scenarios):
 def equal_single_device_tests(scenarios_2, scenarios_4, also=lambda ranks, scenario: None):
     """A scenario module's two equivalence tests, over its fixtures `results2` (one host of 2
     workers) and `results4` (2 hosts x 2): every scenario ends equal to single-device
-    training, and `also(ranks, scenario)` checks what that module adds (routes, plans)."""
+    training, and `also(ranks, scenario)` checks what that module adds (routes, plans).
+    Both are `job` tests (their fixtures run horovodrun)."""
+    import pytest
 
+    @pytest.mark.job
     @each_scenario(scenarios_2)
     def test_two_workers_equal_single_device(results2, scenario):
         also(check(results2, scenario, 2), scenario)
 
+    @pytest.mark.job
     @each_scenario(scenarios_4)
     def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
         also(check(results4, scenario, 4), scenario)

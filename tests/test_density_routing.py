@@ -1,14 +1,18 @@
-"""Density routing: a sparse variable goes to the parameter servers or through a dense allreduce.
+"""Density routing: a sparse variable goes to the parameter servers, through a dense
+allreduce or through Horovod's allgather.
 
 - The decision (tfpar.routing, pure): alpha near 1 -> allreduce, alpha << 1 on a large
-  variable -> parameter servers, small savings -> no parameter servers at all, forced
-  routes kept.
+  variable of many workers -> parameter servers, few rows whose savings cannot pay for
+  the parameter servers' protocol -> allgather (no parameter servers at all), duplicate
+  ids costed, forced routes kept.
 - The dense allreduce route of a sparse gradient equals single-device training with real
   processes (2 workers, and 2 hosts x 2 workers), alone and beside variables on the
   parameter servers; tolerance as in test_equivalence (rtol=1e-5, atol=1e-6, 4 steps).
-- Measured in real jobs: the LM example routes a small vocabulary (alpha ~0.5) to
-  allreduce and a large one (alpha ~0.003) to the parameter servers.
+- Measured in real jobs: the LM example on 2 local workers routes a small vocabulary
+  (alpha ~0.5) to allreduce and a large one (alpha ~0.003) to allgather (on slow emulated
+  links, to the parameter servers: test_emulated_hosts).
 """
+import dataclasses
 import json
 import os
 
@@ -47,12 +51,51 @@ def test_sparse_rows_of_a_large_variable_go_to_the_parameter_servers():
 
 
 def test_small_savings_do_not_pay_for_the_parameter_server_protocol():
-    # alpha 0.3 of a 300-row variable saves about 1.6 ms of bytes; the protocol costs 3 ms.
+    # alpha 0.3 of a 300-row variable: the servers would save 1.6 ms of bytes over the
+    # dense allreduce (2.3 ms), but their protocol costs 3 ms; the allgather saves 0.9 ms
+    # of bytes, less than the collective it adds (1 ms).
     small = routing.decide((candidate(0.3, rows=300),), 4, LINKS)["emb"]
     assert small.route == "allreduce" and "protocol" in small.reason
+    assert small.ps_s < small.allgather_s < small.allreduce_s < small.allgather_s + 1e-3
+    # Twice the rows: the allgather's saving (1.8 ms) pays for its collective.
+    assert routing.decide((candidate(0.3, rows=600),), 4, LINKS)["emb"].route == "allgather"
     # Beside a variable that needs the parameter servers anyway, it goes there too.
     both = routing.decide((candidate(0.3, rows=300), candidate(0.01, name="big")), 4, LINKS)
     assert both["emb"].route == "ps" and both["big"].route == "ps"
+
+
+def test_few_rows_of_a_large_variable_go_to_allgather_when_latency_dominates():
+    # A small batch on fast links: 128 rows of 264 bytes per worker. The servers would
+    # move half the allgather's bytes at N = 4, 0.1 ms less, but add three exchanges.
+    fast = routing.Links(latency_s=1e-3, per_byte_s=1e-9)
+    few = routing.decide((candidate(128 / 100_000),), 4, fast)["emb"]
+    assert few.route == "allgather" and "protocol" in few.reason
+    assert few.allgather_s == routing.allgather_bytes(candidate(128 / 100_000), 4) * 1e-9
+    # Many workers and slow links make the same rows' bytes count: the servers pay.
+    slow = routing.Links(latency_s=1e-3, per_byte_s=1e-7)
+    many = routing.decide((candidate(128 / 100_000),), 16, slow)["emb"]
+    assert many.route == "ps" and "an allgather of" in many.reason
+
+
+def test_duplicate_ids_are_costed_on_the_allgather_route():
+    # 1,000 distinct rows per step but 4,000 ids: the allgather sends every id's row.
+    once = routing.Candidate("emb", 100_000, 256, 0.01, sent_rows=1000)
+    dup = dataclasses.replace(once, sent_rows=4000)
+    assert routing.allgather_bytes(dup, 2) == 4 * routing.allgather_bytes(once, 2)
+    assert routing.allgather_bytes(once, 2) == 2 * 1000 * (256 + routing.INDEX_BYTES)
+    fast = routing.Links(latency_s=1e-4, per_byte_s=1e-9)
+    assert routing.decide((once,), 2, fast)["emb"].route == "allgather"
+    assert routing.decide((dup,), 2, fast)["emb"].route == "ps"
+
+
+def test_a_variable_without_an_exact_dense_route_chooses_between_the_others():
+    # alpha 0.99: the dense allreduce is the fastest, but a norm over the gradient's rows
+    # (dense_route=False) rules it out.
+    clipped = dataclasses.replace(candidate(0.99), dense_route=False)
+    assert routing.decide((candidate(0.99),), 4, LINKS)["emb"].route == "allreduce"
+    assert routing.decide((clipped,), 4, LINKS)["emb"].route == "ps"
+    few = dataclasses.replace(candidate(0.3, rows=300), dense_route=False)
+    assert routing.decide((few,), 4, LINKS)["emb"].route == "allgather"
 
 
 def test_forced_routes_are_kept_and_pay_the_protocol():
@@ -119,8 +162,22 @@ def test_a_dict_forces_some_and_the_rest_wait_for_measurement():
     assert any("density not measured" in n for n in plan.notes)
 
 
+def test_forced_allgather_plans_horovods_allgather_and_no_parameter_server():
+    plan = _plan(tfpar.Config(sparse_route="allgather"), optimizer="adam", sparse=True,
+                 clip=0.05)
+    emb = plan.variable("emb")
+    assert (emb.route, emb.kind, emb.parts) == ("allgather", "sparse", ())
+    assert plan.mode == "AR" and plan.num_ps == 0
+    mixed = _plan(tfpar.Config(sparse_route={"emb/part_0": "ps", "shared": "allgather"}),
+                  optimizer="sgd", emb_partitions=2, shared_embedding=True)
+    assert [mixed.variable(n).route for n in ("emb/part_0", "emb/part_1", "shared")] == [
+        "ps", "ps", "allgather"]
+    assert mixed.mode == "HYBRID" and mixed.num_ps == 1
+    assert tfpar.Plan.from_json(mixed.to_json()) == mixed
+
+
 def test_allreduce_of_a_globally_clipped_sparse_gradient_is_refused():
-    with pytest.raises(TfparError, match="sum over its rows"):
+    with pytest.raises(TfparError, match="sum over its rows.*'ps' or 'allgather'"):
         _plan(tfpar.Config(sparse_route="allreduce"), optimizer="sgd", sparse=True, clip=0.05)
 
 
@@ -150,11 +207,16 @@ SCENARIOS_2 = [
                                                        "shared": "allreduce"}},
        feed_trials=True),
     sc("auto_adagrad", "adagrad", {"sparse_route": "auto"}, feed_trials=True),
+    sc("allgather_adam_clip", "adam", {"sparse_route": "allgather"},
+       model={"clip": 0.05}),
 ]
 SCENARIOS_4 = [
     sc("allreduce_adam", "adam", ALL, partitions=3),
     sc("mixed_adagrad", "adagrad", {"sparse_route": {"emb/part_0": "ps", "emb/part_1": "ps",
                                                      "shared": "allreduce"}}),
+    sc("mixed_momentum_allgather", "momentum",
+       {"sparse_route": {"emb/part_0": "ps", "shared": "allgather"}}, partitions=3,
+       feed_trials=True),
 ]
 
 results2 = job_results("results2", "density2", 2, SCENARIOS_2)
@@ -169,24 +231,29 @@ def _check_routes(ranks, scenario):
     sparse = [v["name"] for v in plan["variables"] if v["kind"] == "sparse"
               and v["role"] == "trained"]
     assert len(sparse) == scenario["model"]["emb_partitions"] + 1
-    forced_ps = isinstance(setting, dict) and "ps" in setting.values()
+    forced = setting if isinstance(setting, dict) else {
+        n: setting for n in sparse if setting != "auto"}
+    used = {routes[n] for n in sparse}
     for name in sparse:
-        want = (setting if isinstance(setting, str) else setting.get(name, "auto"))
-        if want == "auto":
-            choice = plan["routing"]["choices"][name]
-            assert 0 < choice["alpha"] < 0.875, choice
-            if forced_ps:  # the protocol is paid: fewer bytes (alpha < (24+4)/(24+8))
-                want = "ps"
-            else:  # tiny variables: their savings cannot pay for the protocol
-                want = "allreduce"
-                assert "protocol" in choice["reason"]
-        assert routes[name] == want, (name, routes[name])
+        if name in forced:
+            assert routes[name] == forced[name], (name, routes[name])
+            continue
+        choice = plan["routing"]["choices"][name]
+        assert routes[name] == choice["route"], (name, routes[name], choice)
+        assert 0 < choice["alpha"] < 0.875, choice
+        t = {r: choice[f"{r}_s"] for r in ("ps", "allreduce", "allgather")}
+        fastest = min(t, key=t.get)
+        if routes[name] != fastest:  # only a kind of route not paid for is passed over
+            assert fastest not in used and "less than" in choice["reason"], choice
+        if "ps" not in forced.values():  # tiny variables: savings cannot pay the protocol
+            assert routes[name] != "ps", choice
     comm = json.loads(str(ranks[0]["communication"]))
-    if all(routes[n] == "allreduce" for n in sparse):
+    if all(routes[n] != "ps" for n in sparse):
         assert plan["mode"] == "AR" and comm["ps_push"] == 0 and comm["ps_pull"] == 0
     else:
         assert plan["mode"] == "HYBRID" and comm["ps_push"] > 0
     assert comm["allreduce"] > 0
+    assert (comm["allgather"] > 0) == any(routes[n] == "allgather" for n in sparse)
 
 
 test_two_workers_equal_single_device, test_two_hosts_of_two_workers_equal_single_device = \
@@ -194,7 +261,8 @@ test_two_workers_equal_single_device, test_two_hosts_of_two_workers_equal_single
 
 
 # -- the LM example: measured alpha decides -----------------------------------------------------
-@pytest.mark.parametrize("vocab,route", [(300, "allreduce"), (100_000, "ps")])
+@pytest.mark.job
+@pytest.mark.parametrize("vocab,route", [(300, "allreduce"), (100_000, "allgather")])
 def test_lm_routes_by_measured_density(tmp_path, vocab, route):
     out = tmp_path / "summary.json"
     proc = horovodrun(2, os.path.join(REPO, "examples", "lm.py"), "--steps", "12",
@@ -206,9 +274,11 @@ def test_lm_routes_by_measured_density(tmp_path, vocab, route):
     sparse = ("embedding", "softmax/weights", "softmax/bias")
     assert {summary["routes"][n] for n in sparse} == {route}
     alphas = [summary["routing"]["choices"][n]["alpha"] for n in sparse]
-    if route == "ps":
-        assert max(alphas) < 0.05 and summary["bytes_per_step"]["ps_pull"] > 0
+    moved = summary["bytes_per_step"]
+    assert moved["ps_pull"] == 0 and moved["ps_push"] == 0  # no parameter server
+    if route == "allgather":  # few rows on one host: the protocol would cost more
+        assert max(alphas) < 0.05 and moved["allgather"] > 0
     else:
-        assert min(alphas) > 0.2 and summary["bytes_per_step"]["ps_pull"] == 0
+        assert min(alphas) > 0.2 and moved["allgather"] == 0
     links = summary["routing"]["links"]
     assert links["latency_s"] > 0 and links["per_byte_s"] > 0

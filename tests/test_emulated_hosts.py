@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from tests.launch import processes_running, run_scenarios
+from tests.launch import REPO, horovodrun, processes_running, run_scenarios
 from tests.reference import check, each_scenario
 from tests.test_faults import LIVENESS_TIMEOUT, listening, signal_job
 from tests.test_parameter_server import SCENARIOS_4, check_routes
@@ -80,3 +80,34 @@ def test_a_stopped_parameter_server_on_the_other_host_is_named(tmp_path, cluster
     assert info[0]["hub"].startswith("198.18.0.1:")
     hosts = [a.rsplit(":", 1)[0] for a in info[0]["servers"]]
     assert set(hosts) == {"198.18.0.1", "198.18.0.2"}, hosts
+
+
+@pytest.mark.parametrize("rate,batch,route", [("1gbit", 32, "allgather"),
+                                              ("10mbit", 128, "ps")])
+def test_the_lm_routes_by_what_it_measured_on_the_links(tmp_path, cluster, rate, batch, route):
+    """Density routing on links it measures: a small batch on fast links is latency-bound
+    (the parameter servers' protocol costs more than the bytes they save over an
+    allgather); on slow links the same rows' bytes dominate and the servers pay."""
+    cluster.set_rate(rate)
+    try:
+        out = tmp_path / "summary.json"
+        proc = horovodrun(4, os.path.join(REPO, "examples", "lm.py"), "--steps", "6",
+                          "--warmup", "1", "--log-every", "3", "--vocab", "100000",
+                          "--batch-size", str(batch), "--partitions", "2",
+                          "--sparse-route", "auto", "--json", str(out),
+                          hosts=cluster.hosts_arg(2), cluster=cluster, timeout=400)
+    finally:
+        cluster.set_rate("1gbit")
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    summary = json.loads(out.read_text())
+    choices = summary["routing"]["choices"]
+    sparse = ("embedding", "softmax/weights", "softmax/bias")
+    assert {summary["routes"][n] for n in sparse} == {route}, choices
+    for name in sparse:
+        c = choices[name]
+        assert c["ps_s"] < c["allgather_s"] < c["allreduce_s"], c  # ids: fewer rows on PS
+    bytes_ = summary["bytes_per_step"]
+    if route == "ps":
+        assert bytes_["ps_pull"] > 0 and bytes_["allgather"] == 0, bytes_
+    else:
+        assert bytes_["ps_pull"] == 0 and bytes_["allgather"] > 0, bytes_

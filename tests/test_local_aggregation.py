@@ -144,6 +144,7 @@ SCENARIOS = [
 results = job_results("results", "aggregation", 4, SCENARIOS, TWO_HOSTS)
 
 
+@pytest.mark.job
 @each_scenario(SCENARIOS)
 def test_measured_in_the_job_and_equal_to_single_device(results, scenario):
     ranks = check(results, scenario, 4)

@@ -8,7 +8,11 @@ before the step. Built TF2-style (resource variables, an `If` op per cond) and T
 (`disable_v2_behavior`: reference variables, Switch and Merge), on 2 workers and on 2
 hosts x 2. After 3 steps every variable, slot and moving average, and each worker's loss
 evaluated with is_training=False, equal single-device training on the concatenated
-batch (rtol 1e-5, atol 1e-6).
+batch: rtol 1e-5, and an absolute tolerance of 1e-5 of the tensor's largest magnitude
+(at least 1e-6). A convolution's kernel gradient sums thousands of products through the
+batch norm's centring, in another order on 2 workers (and across the conv backward's
+threads), so an element near zero of a Momentum accumulator of magnitude ~1 differs by
+~1e-6 (seen in CI: 1.3e-6 on an element of 0.003).
 """
 import json
 import os
@@ -54,8 +58,11 @@ def test_cnn_with_batch_norms_equals_single_device(tmp_path, case):
     names = [k[len("final/"):] for k in expected.files if k.startswith("final/")]
     for r, data in enumerate(ranks):
         for k in names:
-            np.testing.assert_allclose(data[f"final/{k}"], expected[f"final/{k}"], rtol=RTOL,
-                                       atol=ATOL, err_msg=f"{name}: {k} on worker {r}")
+            want = expected[f"final/{k}"]
+            scale = float(np.max(np.abs(want))) if want.size else 0.0
+            np.testing.assert_allclose(data[f"final/{k}"], want, rtol=RTOL,
+                                       atol=max(ATOL, RTOL * scale),
+                                       err_msg=f"{name}: {k} on worker {r}")
         np.testing.assert_allclose(data["eval_loss"], expected["eval_loss"][r], rtol=RTOL,
                                    atol=ATOL, err_msg=f"{name}: eval loss on worker {r}")
     moved = [k for k in names if not np.allclose(expected[f"final/{k}"], ranks[0][f"init/{k}"])]

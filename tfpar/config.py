@@ -39,11 +39,14 @@ class Config:
         or "off" (use the partitioner's minimum, or 1).
       sparse_route: in HYBRID mode, where sparse variables go: "ps" (the parameter
         servers, as Parallax; the default), "allreduce" (their gradients summed densely
-        with one Horovod allreduce, the variable kept on every worker), "auto" (density
-        routing: each variable's alpha, the fraction of its rows a step touches, is
+        with one Horovod allreduce, the variable kept on every worker), "allgather"
+        (every worker's rows gathered by Horovod, as AR mode and Horovod do; the variable
+        kept on every worker), "auto" (density routing: each variable's alpha, the
+        fraction of its rows a step touches, and the rows its gradients carry are
         measured in the first `density_steps` steps of a scratch copy of the input, the
-        links by a short allreduce probe, and the cost model picks the faster route), or
-        {variable name: "ps" | "allreduce"} (those forced, the others routed as "auto").
+        links by a short allreduce probe, and the cost model picks the fastest route), or
+        {variable name: "ps" | "allreduce" | "allgather"} (those forced, the others routed
+        as "auto").
         The plan says what was measured and why each route was taken.
       density_steps: steps per worker that "auto" measures alpha over.
       sync: True (default): synchronous training, equal to single-device training on the
@@ -162,16 +165,17 @@ class Config:
                              f"'eth0', got {self.interface!r}")
         routes = (self.sparse_route.values() if isinstance(self.sparse_route, dict)
                   else [self.sparse_route])
-        allowed = ("ps", "allreduce") if isinstance(self.sparse_route, dict) else (
-            "ps", "allreduce", "auto")
+        allowed = ("ps", "allreduce", "allgather") + (
+            () if isinstance(self.sparse_route, dict) else ("auto",))
         if not routes or any(r not in allowed for r in routes):
             raise TfparError(f"Config.sparse_route must be one of {', '.join(allowed)}"
                              + ("" if isinstance(self.sparse_route, dict) else
-                                " or a dict of variable name to 'ps' or 'allreduce'")
+                                " or a dict of variable name to 'ps', 'allreduce' or "
+                                "'allgather'")
                              + f", got {self.sparse_route!r}")
         if self.sparse_route != "ps" and self.run_mode != "HYBRID":
             raise TfparError(f"Config.sparse_route={self.sparse_route!r} chooses between the "
-                             "parameter servers and allreduce, which only HYBRID mode mixes; "
+                             "parameter servers and Horovod, which only HYBRID mode mixes; "
                              f"use run_mode='HYBRID' or leave sparse_route as 'ps'")
         if (isinstance(self.density_steps, bool) or not isinstance(self.density_steps, int)
                 or self.density_steps < 1):

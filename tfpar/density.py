@@ -1,7 +1,8 @@
 """Measuring what density routing needs, in the job, before the graph is rewritten.
 
 - `measure_rows` (`measure_alpha`): the rows of each sparse variable one worker's step
-  touches, and those the workers of one host touch in common, from a scratch copy of the
+  touches, the rows its gradients carry (duplicate ids included), and those the workers
+  of one host touch in common, from a scratch copy of the
   worker's own (sharded) graph that computes only the gradients' ids: no variable is
   written and the real input pipeline starts from its beginning.
 - `measure_links`: an alpha-beta fit of Horovod allreduces of two sizes on the job's links.
@@ -38,18 +39,21 @@ def measure_alpha(meta, variables: Sequence, steps: int,
 def measure_rows(meta, variables: Sequence, steps: int,
                  feed: Optional[Callable[[int], dict]] = None,
                  host_of_rank: Optional[Callable[[int], int]] = None):
-    """(alpha, duplicates): `measure_alpha`'s fractions, and {variable name: rows per step,
-    summed over hosts, that a host's workers touch more than once between them} (what
-    local aggregation saves; with `host_of_rank`, else empty)."""
+    """(alpha, duplicates, sent): `measure_alpha`'s fractions, {variable name: rows per
+    step, summed over hosts, that a host's workers touch more than once between them} (what
+    local aggregation saves; with `host_of_rank`, else empty), and {variable name: rows
+    one worker's gradients carry per step, duplicate ids included} (what an allgather
+    sends), means over workers."""
     hvd = runtime.horovod()
-    local = _local_rows(copy_graph(with_shard_values(meta, hvd.size(), hvd.rank())),
-                        variables, steps, feed)
-    alpha_here = {v.name: float(np.mean([len(ids) / v.shape[0] for ids in local[v.name]]))
-                  for v in variables}
-    every = [json.loads(s) for s in runtime.allgather_strings(json.dumps(alpha_here))]
-    alpha = {v.name: float(np.mean([e[v.name] for e in every])) for v in variables}
+    local, carried = _local_rows(copy_graph(with_shard_values(meta, hvd.size(), hvd.rank())),
+                                 variables, steps, feed)
+    here = {v.name: (float(np.mean([len(ids) / v.shape[0] for ids in local[v.name]])),
+                     float(np.mean(carried[v.name]))) for v in variables}
+    every = [json.loads(s) for s in runtime.allgather_strings(json.dumps(here))]
+    alpha = {v.name: float(np.mean([e[v.name][0] for e in every])) for v in variables}
+    sent = {v.name: float(np.mean([e[v.name][1] for e in every])) for v in variables}
     if host_of_rank is None:
-        return alpha, {}
+        return alpha, {}, sent
     rows = [json.loads(s) for s in runtime.allgather_strings(json.dumps(local))]
     hosts: Dict[int, List[int]] = {}
     for rank in range(len(rows)):
@@ -64,16 +68,18 @@ def measure_rows(meta, variables: Sequence, steps: int,
                 total += sum(len(x) for x in sets) - len(set().union(*sets))
             per_step.append(total)
         duplicates[v.name] = float(np.mean(per_step))
-    return alpha, duplicates
+    return alpha, duplicates, sent
 
 
-def _local_rows(graph: tf.Graph, variables, steps: int, feed) -> Dict[str, List[List[int]]]:
-    """{variable name: per step, the distinct rows this worker's step touches}."""
+def _local_rows(graph: tf.Graph, variables, steps: int, feed):
+    """({variable name: per step, the distinct rows this worker's step touches},
+    {variable name: per step, the ids its gradients carry, duplicates included})."""
     fetches = {v.name: [graph.get_tensor_by_name(u.gradient.indices) for u in v.updates]
                for v in variables}
     touched: Dict[str, List[List[int]]] = {v.name: [] for v in variables}
+    carried: Dict[str, List[int]] = {v.name: [] for v in variables}
     if not variables:
-        return touched
+        return touched, carried
     with graph.as_default():
         inits = [tf.compat.v1.global_variables_initializer(),
                  tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer()]
@@ -96,8 +102,8 @@ def _local_rows(graph: tf.Graph, variables, steps: int, feed) -> Dict[str, List[
                         "Config(sparse_route='auto') or local_aggregation='auto') by running "
                         "its lookups, and this graph needs feeds: give "
                         "tfpar.Config(search_feed=lambda step: {placeholder: value, ...}) or "
-                        "set sparse_route to 'ps', 'allreduce' or a dict and local_aggregation "
-                        "to True or False") from None
+                        "set sparse_route to 'ps', 'allreduce', 'allgather' or a dict and "
+                        "local_aggregation to True or False") from None
                 raise
             for v in variables:
                 # The rows one step reads and pushes: every gradient's distinct ids.
@@ -105,7 +111,8 @@ def _local_rows(graph: tf.Graph, variables, steps: int, feed) -> Dict[str, List[
                 for part in ids[v.name]:
                     rows.update(np.unique(part).tolist())
                 touched[v.name].append(sorted(int(r) for r in rows))
-    return touched
+                carried[v.name].append(sum(int(np.size(part)) for part in ids[v.name]))
+    return touched, carried
 
 
 def _feed(graph: tf.Graph, feed, step: int) -> Optional[dict]:

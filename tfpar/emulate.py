@@ -126,12 +126,18 @@ class EmulatedCluster:
     def _veth(self, i: int) -> str:
         return f"{self.name}v{i + 1}"
 
-    def _shape(self, ns: str, outside: str):
+    def _shape(self, ns: str, outside: str, verb: str = "add"):
         """Rate-limits both directions of a host's link: its uploads leave through eth0
         inside the namespace, its downloads through the bridge-side veth."""
         tbf = ["tbf", "rate", self.rate, "burst", self.burst, "latency", "100ms"]
-        _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *tbf)
-        _sh("tc", "qdisc", "add", "dev", outside, "root", *tbf)
+        _sh("ip", "netns", "exec", ns, "tc", "qdisc", verb, "dev", "eth0", "root", *tbf)
+        _sh("tc", "qdisc", verb, "dev", outside, "root", *tbf)
+
+    def set_rate(self, rate: str):
+        """Reshapes every host's link (both directions) to `rate`, e.g. "100mbit"."""
+        self.rate = rate
+        for i, ns in enumerate(self.namespaces):
+            self._shape(ns, self._veth(i), verb="replace")
 
     def _start_sshd(self, ns: str, host: str, addr: str):
         w = self.workdir

@@ -2,8 +2,10 @@
 
 - AR: dense gradients -> Horovod allreduce, sparse -> Horovod allgather.
 - HYBRID (default): dense -> allreduce; sparse variables (and their optimizer slots) live on
-  the parameter servers, one PS task per host, split into row ranges balanced by bytes.
-  With no sparse variable it runs as AR.
+  the parameter servers, one PS task per host, split into row ranges balanced by bytes,
+  unless `Config.sparse_route` sends them through a dense allreduce or an allgather (or
+  density routing measured that one is faster). With no sparse variable on the parameter
+  servers it runs as AR.
 - PS: every trained variable lives on the parameter servers.
 """
 from __future__ import annotations
@@ -104,23 +106,24 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
 
 def density_candidates(analysis: GraphAnalysis, config: Config) -> List[VariableInfo]:
     """The sparse variables whose route density routing decides (measured in the job)."""
-    if config.run_mode != "HYBRID" or config.sparse_route in ("ps", "allreduce"):
+    if config.run_mode != "HYBRID" or config.sparse_route in routing.SPARSE_ROUTES:
         return []
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
-    return [v for v in analysis.trained if v.kind == "sparse" and v.name not in forced
-            and _dense_route_problem(v) is None]
+    return [v for v in analysis.trained if v.kind == "sparse" and v.name not in forced]
 
 
 def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
-                     alphas: Dict[str, float], links: routing.Links,
-                     steps: int) -> routing.Routing:
-    """Density routing's choice for the measured candidates (and the forced routes)."""
+                     alphas: Dict[str, float], links: routing.Links, steps: int,
+                     sent: Optional[Dict[str, float]] = None) -> routing.Routing:
+    """Density routing's choice for the measured candidates (and the forced routes).
+    sent: {name: rows one worker's gradients carry per step} (None: no duplicate ids)."""
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
     candidates = []
     for name, alpha in sorted(alphas.items()):
         v = analysis.variable(name)
         candidates.append(routing.Candidate(
-            name, v.shape[0], (v.nbytes or 0) // max(v.shape[0], 1), alpha, len(v.updates)))
+            name, v.shape[0], (v.nbytes or 0) // max(v.shape[0], 1), alpha, len(v.updates),
+            sent_rows=(sent or {}).get(name), dense_route=_dense_route_problem(v) is None))
     choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced))
     for name in forced:  # not measured: no density, no prediction shown
         choices[name] = routing.RouteChoice(forced[name], None,
@@ -163,7 +166,8 @@ def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str
 
 def _sparse_routes(analysis: GraphAnalysis, config: Config,
                    density: Optional[routing.Routing], notes: List[str]) -> Dict[str, str]:
-    """{sparse trained variable: "ps" | "allreduce"} in HYBRID mode (empty otherwise)."""
+    """{sparse trained variable: "ps" | "allreduce" | "allgather"} in HYBRID mode (empty
+    otherwise)."""
     if config.run_mode != "HYBRID":
         return {}
     sparse = [v for v in analysis.trained if v.kind == "sparse"]
@@ -179,20 +183,19 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
                          "not sparse: only sparse variables have a route to choose; remove it")
     routes = {}
     for v in sparse:
-        wanted = forced.get(v.name, setting if setting in ("ps", "allreduce") else None)
+        wanted = forced.get(v.name, setting if setting in routing.SPARSE_ROUTES else None)
         problem = _dense_route_problem(v)
         if wanted == "allreduce" and problem:
             raise TfparError(f"Config.sparse_route sends {v.name!r} to allreduce, but {problem}; "
-                             "route it to 'ps'")
+                             "route it to 'ps' or 'allgather'")
         if wanted is not None:
             routes[v.name] = wanted
         elif density is not None and v.name in density.choices:
             routes[v.name] = density.choices[v.name].route
         else:
             routes[v.name] = "ps"
-            notes.append(f"{v.name}: parameter servers ("
-                         + (problem if problem else "density not measured: routes are measured "
-                            "in the job, by get_runner") + ")")
+            notes.append(f"{v.name}: parameter servers (density not measured: routes are "
+                         "measured in the job, by get_runner)")
     if density is not None and density.choices:
         if density.links is not None:
             notes.append(f"density routing: links measured {1e3 * density.links.latency_s:.3f} ms "

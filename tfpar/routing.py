@@ -1,14 +1,17 @@
-"""Routing by measurement: sparse variables to parameter servers or dense allreduce, and
-whether each host aggregates its pushes.
+"""Routing by measurement: sparse variables to parameter servers, a dense allreduce or a
+sparse allgather, and whether each host aggregates its pushes.
 
 Parallax sends every sparse variable to the parameter servers. That pays when a step
-touches few of its rows (alpha << 1), but when most rows are touched (a small vocabulary,
-a large batch) the parameter servers move as many bytes as an allreduce of the whole
-variable, plus indices, and add their protocol (pull, push, the chief's update, the token)
-to every step. So tfpar measures each sparse variable's alpha (the mean fraction of its
-rows one worker's step touches) and the job's links (an alpha-beta fit of Horovod
-allreduces), predicts each route's time per step with the cost model and picks per
-variable; the parameter-server protocol's fixed cost is paid once if any variable uses it.
+touches few of its rows (alpha << 1) of many workers, but when most rows are touched (a
+small vocabulary, a large batch) the parameter servers move as many bytes as an allreduce
+of the whole variable, plus indices, and when the rows are few (a small batch, few
+workers, fast links) their protocol (pull, push, the chief's update, the token) costs more
+than the bytes it saves over Horovod's allgather of each worker's rows. So tfpar measures
+each sparse variable's alpha (the mean fraction of its rows one worker's step touches),
+the rows its gradients carry (duplicate ids included: what an allgather sends) and the
+job's links (an alpha-beta fit of Horovod allreduces), predicts each route's time per step
+with the cost model and picks per variable; the parameter-server protocol's fixed cost is
+paid once if any variable uses it.
 
 Pure: no TensorFlow here (measurement is in `tfpar.density`).
 """
@@ -19,7 +22,7 @@ from typing import Dict, Optional, Tuple
 
 from tfpar import cost
 
-SPARSE_ROUTES = ("ps", "allreduce")
+SPARSE_ROUTES = ("ps", "allreduce", "allgather")
 # Sequential exchanges the synchronous parameter-server protocol adds to a step that an
 # allreduce-only step does not have: the pull before the forward pass, the push after the
 # backward pass, and the chief's token that ends the step (the chief's update waits for
@@ -56,13 +59,20 @@ class Links:
         """Predicted seconds of the parameter servers' bytes of `c` per step."""
         return ps_bytes(c, n) * self.per_byte_s
 
+    def allgather_s(self, c: "Candidate", n: int) -> float:
+        """Predicted seconds of the allgather route of `c` per step."""
+        return allgather_bytes(c, n) * self.per_byte_s
+
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """A sparse variable that could take either route.
 
     rows, row_bytes: its shape; alpha: the mean fraction of rows one worker's step touches
-    (each of its gradients counted); gradients: how many gradients it has per step.
+    (each of its gradients counted); gradients: how many gradients it has per step;
+    sent_rows: the rows one worker's gradients carry per step, duplicate ids included, all
+    gradients together (None: alpha * rows per gradient, no duplicates); dense_route: False
+    when the dense allreduce cannot be exact for it (a sum over its gradient's rows).
     """
 
     name: str
@@ -70,6 +80,8 @@ class Candidate:
     row_bytes: int
     alpha: float
     gradients: int = 1
+    sent_rows: Optional[float] = None
+    dense_route: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +93,7 @@ class RouteChoice:
     allreduce_s: Optional[float] = None  # predicted seconds per step on each route
     ps_s: Optional[float] = None
     reason: str = ""
+    allgather_s: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,47 +138,91 @@ def ps_bytes(c: Candidate, n: int) -> float:
     return cost.ps_bytes(c.alpha * c.rows * (c.row_bytes + INDEX_BYTES), n) * c.gradients
 
 
+def allgather_bytes(c: Candidate, n: int) -> float:
+    """Horovod's allgather of every worker's rows as its gradients carry them (values and
+    int64 ids; duplicates are not summed first)."""
+    sent = c.alpha * c.rows * c.gradients if c.sent_rows is None else c.sent_rows
+    return cost.allgather_bytes(sent * (c.row_bytes + INDEX_BYTES), n)
+
+
 def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
            forced: Optional[Dict[str, str]] = None) -> Dict[str, RouteChoice]:
-    """The route of every candidate that minimises the predicted step time.
+    """The routes of the candidates that minimise the predicted step time.
 
-    Each variable goes where its predicted time is shorter (`Links.allreduce_s`, `ps_s`);
-    then, if the variables on the parameter servers save less than the protocol's fixed cost (PS_ROUND_TRIPS exchanges), all of
-    them go to allreduce and the job needs no parameter server. `forced` routes are kept.
+    A step pays each variable's time on its route (`Links.allreduce_s`, `ps_s`,
+    `allgather_s`) plus, once, the fixed cost of every kind of route some variable takes
+    (`FIXED_EXCHANGES`: the parameter servers' protocol; the allgather's own collective,
+    while the allreduce route joins the dense gradients' fused allreduce). Every choice of
+    which kinds to pay for is tried (two kinds: four choices), each variable taking its
+    fastest route among them; the cheapest step wins, fewer kinds on a tie. `forced`
+    routes are kept (their kinds are paid for).
     """
     forced = forced or {}
-    fixed = PS_ROUND_TRIPS * links.latency_s
-    volume = {c.name: (allreduce_bytes(c, n), ps_bytes(c, n)) for c in candidates}
-    times = {c.name: (links.allreduce_s(c, n), links.ps_s(c, n)) for c in candidates}
-    route = {c.name: forced.get(c.name) or ("ps" if times[c.name][1] < times[c.name][0]
-                                            else "allreduce") for c in candidates}
+    volume = {c.name: {"allreduce": allreduce_bytes(c, n), "ps": ps_bytes(c, n),
+                       "allgather": allgather_bytes(c, n)} for c in candidates}
+    times = {c.name: {"allreduce": links.allreduce_s(c, n), "ps": links.ps_s(c, n),
+                      "allgather": links.allgather_s(c, n)} for c in candidates}
+    allowed = {c.name: ("allreduce", "allgather", "ps") if c.dense_route
+               else ("allgather", "ps") for c in candidates}
+    fixed = {kind: k * links.latency_s for kind, k in FIXED_EXCHANGES.items()}
+    paid = set(forced.values())
     free = [c.name for c in candidates if c.name not in forced]
-    saving = sum(times[name][0] - times[name][1] for name in free if route[name] == "ps")
-    ps_forced = any(r == "ps" for r in forced.values())
-    pooled = not ps_forced and any(route[name] == "ps" for name in free) and saving < fixed
-    if pooled:
+
+    def routes_with(kinds):
+        """Each free variable's fastest route among the kinds paid for (None: impossible),
+        the step's time and the sum of the variables' times alone."""
+        route = dict(forced)
         for name in free:
-            route[name] = "allreduce"
+            options = [r for r in allowed[name] if r == "allreduce" or r in kinds]
+            if not options:
+                return None, float("inf"), float("inf")
+            route[name] = min(options, key=lambda r: times[name][r])  # ties: listed first
+        bytes_s = sum(times[name][r] for name, r in route.items() if name in times)
+        used = {r for r in route.values()}
+        return route, bytes_s + sum(fixed.get(r, 0.0) for r in used), bytes_s
+
+    choices = []
+    for extra in ((), ("allgather",), ("ps",), ("allgather", "ps")):  # fewer kinds first
+        route, total, bytes_s = routes_with(paid | set(extra))
+        if route is not None:
+            choices.append((total, len(set(route.values())), route, bytes_s))
+    _, _, route, bytes_s = min(choices, key=lambda c: (c[0], c[1]))
+    used = set(route.values())
     out = {}
     for c in candidates:
-        t_ar, t_ps = times[c.name]
-        r = route[c.name]
+        t, b, r = times[c.name], volume[c.name], route[c.name]
+        alone = min(allowed[c.name], key=lambda k: t[k])  # the fastest without fixed costs
         if c.name in forced:
             why = "set by tfpar.Config(sparse_route=...)"
-        elif pooled:
-            why = (f"the parameter servers would save {1e3 * saving:.3f} ms, less "
-                   f"than their protocol's {PS_ROUND_TRIPS} exchanges ({1e3 * fixed:.3f} ms)")
-        elif t_ar == t_ps:
-            why = "the same time either way, and allreduce needs no parameter server"
+        elif alone != r:
+            _, _, with_it = routes_with(used | {alone})
+            why = (f"{_KIND[alone]} would save {1e3 * (bytes_s - with_it):.3f} ms, less "
+                   f"than {_FIXED_WHY[alone]} ({1e3 * fixed[alone]:.3f} ms)")
         elif r == "ps":
-            why = (f"{volume[c.name][1]:,.0f} bytes per worker on the parameter servers "
-                   f"against a dense allreduce of {volume[c.name][0]:,.0f}")
+            other = min((k for k in allowed[c.name] if k != "ps"), key=lambda k: t[k])
+            why = (f"{b['ps']:,.0f} bytes per worker on the parameter servers against "
+                   + ("a dense allreduce" if other == "allreduce" else "an allgather")
+                   + f" of {b[other]:,.0f}")
+        elif r == "allreduce":
+            why = (f"most rows touched: a dense allreduce of {b['allreduce']:,.0f} bytes per "
+                   f"worker takes less time than {b['ps']:,.0f} on the parameter "
+                   f"servers or an allgather of {b['allgather']:,.0f}")
         else:
-            why = (f"most rows touched: a dense allreduce of {volume[c.name][0]:,.0f} bytes per "
-                   f"worker takes less time than {volume[c.name][1]:,.0f} on the parameter "
-                   "servers")
-        out[c.name] = RouteChoice(r, c.alpha, t_ar, t_ps, why)
+            why = (f"an allgather of {b['allgather']:,.0f} bytes per worker takes less time "
+                   f"than {b['ps']:,.0f} on the parameter servers"
+                   + (f" or a dense allreduce of {b['allreduce']:,.0f}" if c.dense_route
+                      else " (a dense allreduce would not be exact)"))
+        out[c.name] = RouteChoice(r, c.alpha, t["allreduce"], t["ps"], why, t["allgather"])
     return out
+
+
+# Sequential exchanges a kind of route adds to a step once any variable takes it (in
+# units of `Links.latency_s`); the allreduce route joins the dense gradients' allreduce.
+FIXED_EXCHANGES = {"ps": PS_ROUND_TRIPS, "allgather": 1}
+_KIND = {"ps": "the parameter servers", "allgather": "an allgather",
+         "allreduce": "a dense allreduce"}
+_FIXED_WHY = {"ps": f"their protocol's {PS_ROUND_TRIPS} exchanges",
+              "allgather": "the collective it adds"}
 
 
 def decide_aggregation(saved_bytes: float, links: Links) -> Aggregation:
@@ -191,5 +248,7 @@ def describe(name: str, choice: RouteChoice) -> str:
     times = ""
     if choice.allreduce_s is not None and choice.ps_s is not None:
         times = (f" (predicted {1e3 * choice.allreduce_s:.3f} ms allreduce vs "
-                 f"{1e3 * choice.ps_s:.3f} ms parameter servers)")
+                 f"{1e3 * choice.ps_s:.3f} ms parameter servers"
+                 + ("" if choice.allgather_s is None else
+                    f" vs {1e3 * choice.allgather_s:.3f} ms allgather") + ")")
     return f"{name}: alpha {alpha} -> {choice.route}{times}: {choice.reason}"

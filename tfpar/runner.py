@@ -123,12 +123,13 @@ def _measure(meta, analysis, config: Config, layout):
         return None
     measured = candidates if not aggregation else [
         v for v in analysis.trained if v.kind == "sparse"]
-    alphas, duplicates = measure_rows(meta, measured, config.density_steps, config.search_feed,
-                                      layout.host_of_rank if aggregation else None)
+    alphas, duplicates, sent = measure_rows(meta, measured, config.density_steps,
+                                            config.search_feed,
+                                            layout.host_of_rank if aggregation else None)
     links = measure_links()
     density = route_by_density(analysis, config, layout,
                                {v.name: alphas[v.name] for v in candidates}, links,
-                               config.density_steps)
+                               config.density_steps, sent)
     if aggregation:
         plan = make_plan(analysis, config, layout, density=density)
         density = dataclasses.replace(
