@@ -468,12 +468,20 @@ class Runner:
 
     # -- name mapping ----------------------------------------------------------------------
     def _element(self, x, feed=False):
+        """The rewritten graph's counterpart of a fetch or feed key of the user's graph:
+        whatever `tf.compat.v1.Session.run` takes, with the same result."""
         if isinstance(x, tf.IndexedSlices):
-            return tf.IndexedSlices(*(self._element(t) for t in (x.values, x.indices)),
-                                    self._element(x.dense_shape) if x.dense_shape is not None
-                                    else None)
+            return tf.IndexedSlices(*(self._element(t, feed) for t in (x.values, x.indices)),
+                                    self._element(x.dense_shape, feed)
+                                    if x.dense_shape is not None else None)
+        if isinstance(x, tf.SparseTensor):
+            return tf.SparseTensor(*(self._element(t, feed)
+                                     for t in (x.indices, x.values, x.dense_shape)))
         if isinstance(x, tf.Variable):
             self._check_graph(x)
+            target = surgery.fetch_target(x)
+            if target is not None:  # the result of an assignment: its new value, read after it
+                return self._element(target, feed)
             return self._read(x.op.name)
         if isinstance(x, (tf.Tensor, tf.Operation)):
             self._check_graph(x)
@@ -490,7 +498,8 @@ class Runner:
         except (KeyError, ValueError) as e:
             raise TfparError(f"{'feed' if feed else 'fetch'} {name!r} is not in the graph "
                              f"given to tfpar.get_runner ({e})") from None
-        if isinstance(el, tf.Tensor) and el.dtype == tf.resource and not feed:
+        if (isinstance(el, tf.Tensor) and el.dtype == tf.resource and not feed
+                and el.op.type in ("VarHandleOp", "VariableV2")):
             return self._read(el.op.name)
         return el
 
@@ -518,6 +527,9 @@ class Runner:
             except KeyError:
                 raise TfparError(f"variable {var_name!r} is not in the graph given to "
                                  "tfpar.get_runner") from None
+            if op.type not in ("VarHandleOp", "VariableV2", "Variable"):
+                raise TfparError(f"cannot read {var_name!r} as a variable: it is a {op.type} "
+                                 "op, not a variable of the graph given to tfpar.get_runner")
             with self._graph.as_default(), tf.compat.v1.name_scope("tfpar/read/"):
                 if op.type == "VarHandleOp":
                     t = tf.raw_ops.ReadVariableOp(resource=op.outputs[0],

@@ -39,6 +39,8 @@ PS_VARIABLES = "tfpar_ps_variables"  # collection of the part variables (the chi
 _DEAD_CONSUMERS = ("VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitialized",
                    "DisableCopyOnRead")
 _GATHERS = ("GatherV2", "Gather")
+_ASSIGNS = ("Assign", "AssignVariableOp", "AssignAdd", "AssignSub", "AssignAddVariableOp",
+            "AssignSubVariableOp")
 
 
 def ps_device(task: int) -> str:
@@ -193,10 +195,23 @@ class _Rewriter:
             with tf.device(self.worker):
                 return tf.constant(list(v.shape), dtype=op.get_attr("out_type"))
 
-        for c in list(handle.consumers()):
-            if (c in skip or c is initializer or c.type in _DEAD_CONSUMERS
-                    or c.type in WRITES):
-                continue  # writes outside the update: the saver's restore (see checkpoint)
+        # Assignments first: whatever waited for one (a read after it) then waits for
+        # the assignment of the parts.
+        consumers = sorted(handle.consumers(), key=lambda c: c.type not in _ASSIGNS)
+        for c in consumers:
+            if c in skip or c is initializer or c.type in _DEAD_CONSUMERS:
+                continue
+            if c.type in _ASSIGNS and c.inputs[0] is handle and not _restores(c):
+                self._rewire_assign(v, c)
+                continue
+            if c.type in WRITES:
+                if c in self._training_ops():
+                    raise NotYetSupportedError(
+                        f"variable {v.name!r} is written by op {c.name!r} ({c.type}) outside "
+                        "its optimizer update; tfpar cannot yet move that write to the "
+                        "parameter servers: use run_mode='HYBRID' (if the variable is dense) "
+                        "or run_mode='AR'")
+                continue  # a write nothing in training runs (e.g. the saver's restore)
             scope = f"tfpar/{scope_name(v.name)}/{c.type}/"
             if c.type in ("ResourceGather",) + _GATHERS and c.inputs[0] is handle:
                 self._replace(c.outputs[0], self._gather(v, c, scope))
@@ -250,6 +265,40 @@ class _Rewriter:
                     f"variable {v.name!r} is used by op {c.name!r} ({c.type}); tfpar cannot "
                     "yet move such a use to the parameter servers: use run_mode='HYBRID' (if "
                     "the variable is dense) or run_mode='AR'")
+
+    def _rewire_assign(self, v: VariablePlan, op: tf.Operation):
+        """A user's `assign` of a whole PS variable (e.g. a learning rate set through a
+        placeholder) writes its parts on the parameter servers. Every worker that runs it
+        writes the same value, as each would on one device. `assign_add`/`assign_sub` would
+        then add once per worker: refused."""
+        if op.type not in ("Assign", "AssignVariableOp"):
+            raise NotYetSupportedError(
+                f"variable {v.name!r} lives on the parameter servers and op {op.name!r} "
+                f"({op.type}) adds to it outside the optimizer update: every worker would add "
+                "once. Use assign (a value every worker computes alike), or run_mode='AR'")
+        value = op.inputs[1]
+        assigns, news = [], []
+        for var, part in zip(self.parts[v.name], v.parts):
+            with tf.device(self.worker), tf.compat.v1.name_scope(
+                    f"tfpar/{scope_name(v.name)}/assign/"):
+                piece = value if part.stop is None else value[part.start:part.stop]
+            with tf.device(ps_device(part.ps_task)):
+                if self._resource(v):
+                    assigns.append(tf.raw_ops.AssignVariableOp(resource=var.handle, value=piece))
+                else:
+                    new = tf.compat.v1.assign(var, piece, validate_shape=False)
+                    assigns.append(new.op)
+                    news.append(tf.identity(new))
+        with tf.device(self.worker), tf.control_dependencies(list(op.control_inputs)):
+            done = tf.group(*assigns, name=f"tfpar/{scope_name(v.name)}/assign/done")
+        if news:  # a reference variable's Assign returns the new value
+            with tf.device(self.worker):
+                whole = news[0] if len(news) == 1 else tf.concat(news, 0)
+            self._replace(op.outputs[0], whole)
+        for x in self.g.get_operations():
+            if x is not done and op in x.control_inputs:
+                surgery.replace_control_inputs(x, [op], done)
+        self.replaced[op.name] = done
 
     def _initialisation_only(self, op: tf.Operation, originals) -> bool:
         """Whether `op` is outside every training update's inputs (as the `cond` of an EMA
@@ -420,7 +469,7 @@ class _Rewriter:
                     pushes.extend([push] if push is not None else [])
                     forwards.extend([forward] if forward is not None else [])
                     owned.append((v, i, k, part, accum))
-        with tf.control_dependencies(pushes + forwards + self.collectives):
+        with tf.control_dependencies(pushes + forwards + self._run_collectives()):
             after_push = tf.no_op(name="tfpar/sync/pushed")
         if route.chief:
             applied, last = [], {}
@@ -443,6 +492,26 @@ class _Rewriter:
             done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
         self._replace_updates(done)
         return done
+
+    def _run_collectives(self) -> List[tf.Operation]:
+        """Ops that make this worker run every collective of the step.
+
+        A worker whose own step reads no result of a collective (a gradient only the
+        chief's update reads, e.g. clipped by a norm over dense gradients alone) must still
+        join it, or the others wait forever. A control input is not enough: Horovod's ops
+        are not stateful, and TensorFlow drops a stateless op nothing reads. So one element
+        of each result is written to a variable of the worker."""
+        outputs = [t for t in self.collectives if isinstance(t, tf.Tensor)]
+        ops = [t for t in self.collectives if isinstance(t, tf.Operation)]
+        if not outputs:
+            return ops
+        with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/joined/"):
+            seen = tf.compat.v1.get_local_variable(
+                "tfpar/sync/joined", shape=[], dtype=tf.float32, use_resource=True,
+                initializer=tf.compat.v1.zeros_initializer())
+            first = [tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32))
+                     for t in outputs]
+            return ops + [seen.assign(tf.add_n(first), read_value=False)]
 
     def _apply_own(self, step_var) -> tf.Operation:
         """Asynchronous step: this worker applies its own gradient to every part on the PS,
@@ -468,7 +537,8 @@ class _Rewriter:
                         op = self._apply(v, i, k, part, pieces[k])
                     applied.append(op)
                     last[(v.name, k)] = [op]
-        with tf.control_dependencies(applied + self.collectives), tf.device(self.worker):
+        with tf.control_dependencies(applied + self._run_collectives()), \
+                tf.device(self.worker):
             done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
         self._replace_updates(done)
         return done
@@ -677,6 +747,15 @@ class _Route:
         return cls(host=host, chief=rank == 0, aggregate=aggregate[host],
                    local_chief=rank == sum(sizes[:host]), local_workers=sizes[host],
                    global_pushers=sum(1 if a else n for a, n in zip(aggregate, sizes)))
+
+
+def _restores(assign: tf.Operation) -> bool:
+    """Whether `assign` is a Saver's restore (its value read from a checkpoint): those run
+    through `Runner.restore` (see runner._SessionView), which knows the parts."""
+    t = assign.inputs[1]
+    while t.op.type == "Identity":
+        t = t.op.inputs[0]
+    return t.op.type in ("RestoreV2", "Restore", "RestoreSlice")
 
 
 def sum_by_id(indices: tf.Tensor, values: tf.Tensor):

@@ -123,6 +123,16 @@ def variable_input(var) -> tf.Tensor:
     return var._ref()  # pylint: disable=protected-access
 
 
+def fetch_target(var):
+    """What a session fetches for a `tf.Variable` that is the result of an assignment
+    (`assign(v, x)` on a resource variable returns one): its value read after the
+    assignment. None for an ordinary variable (fetched as its value)."""
+    element = getattr(var, "_graph_element", None)  # what Session.run itself fetches
+    if not isinstance(element, tf.Tensor) or var.op.type in ("VarHandleOp", "VariableV2"):
+        return None
+    return element
+
+
 def session_base() -> type:
     """TensorFlow's session interface, for a session-like wrapper that Saver accepts."""
     from tensorflow.python.client import session  # pylint: disable=import-outside-toplevel
