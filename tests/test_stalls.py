@@ -27,6 +27,14 @@ CASES = {
 }
 
 
+STUCK = {  # the first-step bound names where each worker waits
+    ("stuck_ps_read", "PS"): [WORKER.format(r=0) + r" is in a read from the parameter servers",
+                              WORKER.format(r=1) + r" is in a read from the parameter servers"],
+    ("stuck_collective", "AR"): [WORKER.format(r=0) + r" is in a collective with the other "
+                                 r"workers", WORKER.format(r=1) + r" is in its own code, outside any training step"],
+}
+
+
 def _run(tmp_path, case, mode):
     script = tmp_path / f"stall_{case}_{mode}_marker.py"
     shutil.copy(os.path.join(TESTS, "workers", "stall.py"), script)
@@ -56,4 +64,20 @@ def test_equal_input_ends_cleanly(tmp_path, mode):
     proc, marker = _run(tmp_path, "even_dataset", mode)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert proc.stdout.count("done after 6 steps") == 2
+    assert processes_running(marker) == []
+
+
+@pytest.mark.parametrize("case, mode", sorted(STUCK), ids=[c for c, _ in sorted(STUCK)])
+def test_a_stuck_first_step_names_where_each_worker_waits(tmp_path, case, mode):
+    """Config.first_step_deadline (20 s here, liveness timeout 60 s) ends a first step that
+    waits forever, and the message says which stage each worker is in."""
+    proc, marker = _run(tmp_path, case, mode)
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    head = WORKER.format(r=0) + r" has been in its first training step for \d+ s, over " \
+        r"tfpar.Config\(first_step_deadline=20\): "
+    assert re.search(head, proc.stdout), proc.stdout[-4000:]
+    for where in STUCK[(case, mode)]:
+        assert re.search(where, proc.stdout), proc.stdout[-4000:]
+    assert "done after" not in proc.stdout
+    assert proc.elapsed < 120  # start-up, the 20 s bound, teardown (not 60 s of liveness)
     assert processes_running(marker) == []

@@ -86,6 +86,11 @@ class Config:
         while another waits in a training step.
       step_deadline: seconds after which a training step that has not finished stops the
         job, naming the workers it waits for (None: no deadline).
+      first_step_deadline: seconds a worker may spend in one start-up stage (starting the
+        parameter servers, initialising, the broadcast) or in its first training step;
+        past it the job stops, naming where every worker waits (a PS read, a collective,
+        a push, the chief's update, its token). Default 120; None: no bound. A first
+        step that legitimately takes longer (a huge graph on a slow host) needs more.
       interface: the network interface whose address tfpar's sockets bind and its servers
         are dialled at (e.g. "eth0"); default: the one Horovod's Gloo uses
         (`horovodrun --network-interface`), else the host name's address.
@@ -106,6 +111,7 @@ class Config:
     search_cache: Optional[str] = None
     liveness_timeout: float = 30.0
     step_deadline: Optional[float] = 600.0
+    first_step_deadline: Optional[float] = 120.0
     interface: Optional[str] = None
     sparse_route: Union[str, Dict[str, str]] = "ps"
     density_steps: int = 3
@@ -154,11 +160,12 @@ class Config:
                 or self.liveness_timeout <= 0):
             raise TfparError(f"Config.liveness_timeout must be a positive number of seconds, "
                              f"got {self.liveness_timeout!r}")
-        if self.step_deadline is not None and (
-                isinstance(self.step_deadline, bool)
-                or not isinstance(self.step_deadline, (int, float)) or self.step_deadline <= 0):
-            raise TfparError(f"Config.step_deadline must be a positive number of seconds or "
-                             f"None, got {self.step_deadline!r}")
+        for name in ("step_deadline", "first_step_deadline"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float)) or value <= 0):
+                raise TfparError(f"Config.{name} must be a positive number of seconds or "
+                                 f"None, got {value!r}")
         if self.interface is not None and (not isinstance(self.interface, str)
                                            or not self.interface):
             raise TfparError(f"Config.interface must be a network interface name such as "

@@ -13,6 +13,11 @@ TCP link to worker 0 (the hub):
   that keeps the others waiting: one whose input ended (or that finished) while others wait
   in a step, for longer than the liveness timeout; and any training step over
   `Config.step_deadline`, with the workers that are not in it.
+- **No silent start.** Each worker reports the stage it is in (starting the parameter
+  servers, initialising, the broadcast, and inside a training step what the runner's probe
+  finds: a PS read, a collective, a push, the chief's update, the token). A worker that has
+  not finished its first training step within `Config.first_step_deadline` of entering a
+  stage stops the job with every worker's stage.
 - **The last barrier.** At exit each worker waits until every worker is done, so no
   parameter server stops while another worker may still read from it.
 
@@ -145,18 +150,22 @@ def _lines(reader):
 class _State:
     """A worker's training-step state as the hub knows it."""
 
-    __slots__ = ("kind", "since", "steps", "input_ended")
+    __slots__ = ("kind", "since", "steps", "input_ended", "stage")
 
     def __init__(self, kind: str = "idle", since: float = 0.0, steps: int = 0):
         self.kind, self.since, self.steps = kind, since, steps
         self.input_ended = False  # its last training step raised OutOfRangeError
+        self.stage = ""  # where it is: a start-up stage, or what a step waits for
 
 
 _LIVENESS: Optional["Liveness"] = None
+_KINDS = {"idle": "its own code, outside any training step", "ended": "the end of its input",
+          "bye": "the job's last barrier (it finished)"}
 
 
 def get_liveness(rank: int, size: int, host: str, liveness_timeout: float,
-                 step_deadline: Optional[float], interface: Optional[str]) -> "Liveness":
+                 step_deadline: Optional[float], interface: Optional[str],
+                 first_step_deadline: Optional[float] = None) -> "Liveness":
     """This process's liveness links, made by the first runner of the job (a collective)."""
     global _LIVENESS
     if _LIVENESS is None:
@@ -172,7 +181,7 @@ def get_liveness(rank: int, size: int, host: str, liveness_timeout: float,
               "hub": "%s:%d" % hub.getsockname() if hub else "", "secret": secret}
         members = [json.loads(s) for s in runtime.allgather_strings(json.dumps(me))]
         _LIVENESS = Liveness(rank, members, members[0]["secret"], liveness_timeout,
-                             step_deadline, hub)
+                             step_deadline, hub, first_step_deadline)
     return _LIVENESS
 
 
@@ -190,11 +199,14 @@ class Liveness:
     """
 
     def __init__(self, rank: int, members: List[dict], secret: str, timeout: float,
-                 step_deadline: Optional[float], hub_socket: Optional[socket.socket] = None):
+                 step_deadline: Optional[float], hub_socket: Optional[socket.socket] = None,
+                 first_step_deadline: Optional[float] = None):
         self.rank, self.size = rank, len(members)
         self.members = members
         self.timeout = float(timeout)
         self.step_deadline = step_deadline
+        self.first_step_deadline = first_step_deadline
+        self._probe: Optional[Callable[[], str]] = None
         self._secret = secret
         self._seen: Dict[str, float] = {}  # watched key -> last sign of life (monotonic)
         self._names: Dict[str, str] = {}  # watched local process key -> its description
@@ -235,13 +247,25 @@ class Liveness:
 
     def step_started(self):
         self._mine.input_ended = False
+        self._mine.stage = "a training step"
         self._set_state("step")
+
+    def stage(self, text: str):
+        """This worker is now in start-up stage `text` (watched by the first-step bound)."""
+        self._mine.stage = text
+        self._set_state("start")
+
+    def set_probe(self, probe: Optional[Callable[[], str]]):
+        """`probe()`: what this worker's current training step waits for (run in a thread
+        of its own while a step lasts); None: no probe."""
+        self._probe = probe
 
     def step_finished(self, input_ended: bool = False):
         """A training step ended; `input_ended`: it raised OutOfRangeError (input exhausted)."""
         if self._mine.kind == "step" and not input_ended:
             self._mine.steps += 1
         self._mine.input_ended = input_ended
+        self._mine.stage = ""
         self._set_state("ended" if input_ended else "idle")
 
     def _set_state(self, kind: str):
@@ -302,9 +326,9 @@ class Liveness:
             self._seen[key] = time.monotonic()
             cmd, _, text = line.strip().partition(" ")
             if cmd == "PING" and text:
-                kind, steps, age = text.split()
+                kind, steps, age, stage = (text.split(" ", 3) + [""])[:4]
                 state = self._states[rank]
-                state.kind, state.steps = kind, int(steps)
+                state.kind, state.steps, state.stage = kind, int(steps), stage
                 state.since = time.monotonic() - float(age)
             elif cmd == "BYE":
                 steps, ended = (text.split() + ["0", "0"])[:2]
@@ -325,10 +349,28 @@ class Liveness:
                 self._send(conn, "RELEASE")
             self._release.set()
 
+    def where(self) -> str:
+        """Every worker's stage, as the hub knows it."""
+        now = time.monotonic()
+        return "; ".join(
+            f"{self.describe(r)} is in {s.stage or _KINDS.get(s.kind, s.kind)} "
+            f"({now - s.since:.0f} s"
+            + (f", after {s.steps} step(s))" if s.steps else ")")
+            for r, s in sorted(self._states.items()))
+
     def _check_steps(self):
         """Hub: name the worker(s) a training step waits for, once it has waited too long."""
         now = time.monotonic()
+        bound = self.first_step_deadline
         for r, state in list(self._states.items()):
+            if (bound and state.steps == 0 and state.kind in ("start", "step")
+                    and now - state.since > bound):
+                what = ("its first training step" if state.kind == "step"
+                        else f"start-up ({state.stage})")
+                self._fail(f"{self.describe(r)} has been in {what} for {now - state.since:.0f} "
+                           f"s, over tfpar.Config(first_step_deadline={bound:g}): "
+                           f"{self.where()}")
+                return
             if state.kind != "step":
                 continue
             waited = now - state.since
@@ -352,7 +394,8 @@ class Liveness:
                         f"({now - s.since:.0f} s after its step {s.steps})" for e, s in outside)
                 else:
                     why = ("; every worker is in it (a step slower than the deadline, or a "
-                           "collective or parameter server that does not answer)")
+                           "collective or parameter server that does not answer): "
+                           + self.where())
                 self._fail(f"training step {state.steps + 1} of {self.describe(r)} has run "
                            f"for {waited:.0f} s, over tfpar.Config(step_deadline="
                            f"{self.step_deadline:g}){why}")
@@ -415,11 +458,26 @@ class Liveness:
             elif self._link is not None:
                 s = self._mine
                 self._send(self._link, f"PING {s.kind} {s.steps} "
-                                       f"{time.monotonic() - s.since:.3f}")
+                                       f"{time.monotonic() - s.since:.3f} {s.stage}")
             time.sleep(self.interval())
+
+    def _probing(self):
+        """While this worker's step lasts, asks the runner's probe what it waits for."""
+        while not self._release.is_set() and not self._aborted:
+            time.sleep(min(self.interval(), 2.0))
+            s, probe = self._mine, self._probe
+            if probe is None or s.kind != "step" or time.monotonic() - s.since < 2.0:
+                continue
+            try:
+                found = probe()
+            except Exception as e:  # pylint: disable=broad-except
+                found = f"a training step (its probe failed: {summary(e)})"
+            if s.kind == "step" and found:
+                s.stage = found.replace("\n", " ")
 
     def _watchdog(self):
         threading.Thread(target=self._heartbeats, daemon=True, name="tfpar-heartbeat").start()
+        threading.Thread(target=self._probing, daemon=True, name="tfpar-probe").start()
         while not self._release.is_set() and not self._aborted:
             time.sleep(self.interval())
             now = time.monotonic()

@@ -22,7 +22,7 @@ from tfpar.planner import (aggregation_measured, auto_tiles, decide_aggregation,
                             density_candidates, make_plan, route_by_density)
 from tfpar.resources import parse_resources, reconcile
 from tfpar.sharding import with_shard_values
-from tfpar.transform import surgery
+from tfpar.transform import stages, surgery
 from tfpar.transform.graph_copy import copy_graph, to_meta_graph
 from tfpar.transform.naming import safe_name
 from tfpar.transform.rewrite import rewrite
@@ -63,7 +63,8 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     if hvd.size() > 1 or config.run_mode != "AR":  # (a lone process may have a PS to watch)
         liveness.get_liveness(hvd.rank(), hvd.size(),
                               layout.hosts[layout.host_of_rank(hvd.rank())].name,
-                              config.liveness_timeout, config.step_deadline, config.interface)
+                              config.liveness_timeout, config.step_deadline, config.interface,
+                              config.first_step_deadline)
     density = _measure(meta, analysis, config, layout)
     config, decisions = _partition_counts(meta, source_graph, analysis, config, layout, density)
     plan = make_plan(analysis, config, layout, decisions, density)
@@ -175,10 +176,13 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
     entries = checkpoint.entries_of(rewritten)  # the single-device model's variables
     cluster = ps = None
     live = liveness.current()
+    stage = live.stage if live is not None else (lambda text: None)
     if plan.num_ps:
         from tfpar.cluster import get_cluster  # only PS jobs start servers
+        stage("starting the parameter servers")
         cluster = get_cluster(layout, live, session_config, config.interface)
     try:
+        stage("rewriting the graph")
         done = rewrite(rewritten, plan, rank,
                        f"tfpar/r{cluster.next_generation()}" if cluster else None)
         ps, tiled = done.ps, done.tiled
@@ -194,9 +198,14 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
     try:
         # One run, so an initial value that several initialisers read (a random one read
         # by a PS part and by an EMA shadow of it) is drawn once.
+        stage("initialising the variables" + (" (the chief: also the parts on the parameter "
+                                               "servers)" if ps is not None and rank == 0
+                                               else ""))
         session.run([init, ps.init] if ps is not None and rank == 0 else init)
+        stage("the broadcast of worker 0's variables (a Horovod collective)")
         session.run(broadcast)
         if ps is not None:
+            stage("waiting for every worker to initialise (a Horovod collective)")
             runtime.allgather_strings("initialised")  # no worker reads a PS part before this
     except BaseException as e:
         session.close()
@@ -207,10 +216,13 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
         tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
     assigner = checkpoint.Assigner(rewritten, local, ps.parts if ps is not None else {},
                                    _tile_setters(plan, tiled, rank))
+    if live is not None:
+        live.step_finished()  # start-up is over: ready for the user's first step
     return Runner(session, rewritten, plan, rank, hvd.size(), source, ps, trial=trial,
                   broadcast=broadcast, entries=entries, assigner=assigner,
                   liveness=live if hvd.size() > 1 else None,
-                  tiles=tiled.tiles if tiled is not None else None)
+                  tiles=tiled.tiles if tiled is not None else None,
+                  stages=done.stages.reads)
 
 
 def _tile_setters(plan: Plan, tiled, rank: int):
@@ -238,9 +250,14 @@ class Runner:
 
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
                  source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
-                 broadcast=None, entries=(), assigner=None, liveness=None, tiles=None):
+                 broadcast=None, entries=(), assigner=None, liveness=None, tiles=None,
+                 stages=None):
         self._session = session
         self._liveness = liveness
+        self._stages = dict(stages or {})  # stage -> its markers' values (see _where)
+        self._steps = 0  # training steps this runner finished
+        if liveness is not None:
+            liveness.set_probe(self._where)
         # What makes a run a training step (it waits for the other workers): a Horovod
         # collective or the parameter servers' step.
         self._collective = {op.name for op in graph.get_operations()
@@ -376,13 +393,24 @@ class Runner:
         self._liveness.step_started()
         ended = False
         try:
-            return self._session.run(mapped, feed_dict=feeds, options=options,
-                                     run_metadata=run_metadata)
+            out = self._session.run(mapped, feed_dict=feeds, options=options,
+                                    run_metadata=run_metadata)
+            self._steps += 1
+            return out
         except tf.errors.OutOfRangeError:
             ended = True  # its input is exhausted: the others must be told if they go on
             raise
         finally:
             self._liveness.step_finished(input_ended=ended)
+
+    def _where(self) -> str:
+        """Where this worker's running training step waits, from its stage markers (read by
+        a second session run while the step runs; see tfpar.transform.stages)."""
+        if not self._stages or self._session is None:
+            return ""
+        counts = self._session.run(self._stages, options=tf.compat.v1.RunOptions(
+            timeout_in_ms=5000))
+        return stages.describe(counts, self._steps)
 
     def _is_step(self, mapped) -> bool:
         """Whether running `mapped` is a training step: it reaches a collective."""
@@ -457,6 +485,8 @@ class Runner:
         up until the process exits: then each worker waits for all the others, so no PS
         stops while another worker may still read from it."""
         if self._session is not None:
+            if self._liveness is not None:
+                self._liveness.set_probe(None)
             self._session.close()
             self._session = None
 

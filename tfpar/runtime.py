@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar.resources import Layout, job_layout
-from tfpar.transform import traffic
+from tfpar.transform import stages, traffic
 
 def horovod():
     """Horovod's TensorFlow module, initialised (a lone process is a job of size 1)."""
@@ -73,11 +73,12 @@ def broadcast_op(graph: tf.Graph, root_rank: int = 0):
     """An op that sets every variable of `graph` to its value on `root_rank`."""
     hvd = horovod()
     with graph.as_default():
-        # Not the traffic counters: each worker counts its own bytes (a restore's
+        # Not the traffic counters nor the stage markers: each worker counts its own bytes
+        # and steps, and the chief's markers are not the others' (a restore's
         # broadcast would otherwise give every worker the chief's counts).
         variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
                      + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
-                     if not v.op.name.startswith(traffic.SCOPE)]
+                     if not v.op.name.startswith((traffic.SCOPE, stages.SCOPE))]
         with tf.compat.v1.name_scope("tfpar/broadcast"):
             if hvd.size() == 1 or not variables:
                 return tf.no_op()

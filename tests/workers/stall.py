@@ -9,7 +9,12 @@ Cases (liveness timeout 5 s):
   uneven_loop: fed by placeholders, rank 1 runs 3 steps and rank 0 runs 6.
   slow_worker: rank 1 spends 60 s in its own code before step 4 (step deadline 4 s).
   even_dataset: both ranks have 6 batches: must end cleanly, exit 0.
+  stuck_ps_read: rank 0 stops (SIGSTOP) the job's parameter server before the first step,
+    so every PS read waits (first step deadline 20 s, liveness timeout 60 s).
+  stuck_collective: rank 1 spends 60 s in its own code before its first step, so rank 0
+    waits in the step's allreduce (first step deadline 20 s, liveness timeout 60 s).
 """
+import signal
 import os
 import sys
 import time
@@ -22,8 +27,10 @@ import tfpar
 tf.compat.v1.disable_eager_execution()
 case, mode = sys.argv[1], sys.argv[2]
 rank = int(os.environ["HOROVOD_RANK"])
-config = tfpar.Config(run_mode=mode, liveness_timeout=5.0,
-                      step_deadline=4.0 if case == "slow_worker" else 600.0)
+stuck = case.startswith("stuck_")
+config = tfpar.Config(run_mode=mode, liveness_timeout=60.0 if stuck else 5.0,
+                      step_deadline=4.0 if case == "slow_worker" else 600.0,
+                      first_step_deadline=20.0 if stuck else 120.0)
 batches = 3 if case == "uneven_dataset" and rank == 1 else 6
 rng = np.random.RandomState(rank)
 x_data = rng.rand(batches * 4, 5).astype(np.float32)
@@ -47,6 +54,11 @@ if case == "one_rank" and rank == 1:
     sys.exit(0)
 runner = tfpar.get_runner(graph, config=config)
 print(f"rank {rank}: runner ready", flush=True)
+if case == "stuck_ps_read" and rank == 0:
+    from tfpar import cluster
+    os.kill(cluster.current().ps_pid, signal.SIGSTOP)
+if case == "stuck_collective" and rank == 1:
+    time.sleep(60)
 steps = 0
 if case in ("uneven_dataset", "even_dataset"):
     while True:

@@ -33,6 +33,7 @@ from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
 from tfpar.transform import surgery
 from tfpar.transform.naming import scope_name
+from tfpar.transform.stages import Markers
 from tfpar.transform.traffic import Traffic, nbytes
 
 PS_VARIABLES = "tfpar_ps_variables"  # collection of the part variables (the chief initialises)
@@ -66,18 +67,24 @@ class PsRewrite:
 
 
 def apply_parameter_server(graph: tf.Graph, plan: Plan, rank: int, traffic: Traffic,
-                           prefix: str = "tfpar") -> PsRewrite:
+                           prefix: str = "tfpar", markers: Optional[Markers] = None
+                           ) -> PsRewrite:
     """Rewrites `graph` (in place) for worker `rank` so the plan's "ps" variables live on the PS.
 
     `prefix` names the state this rewrite shares on the parameter servers (parts,
     accumulators, queues); runners of one job that follow each other use different ones.
+    `markers`: where the synchronous step marks its stages (reads, collectives, pushes,
+    the chief's update or the token) for the liveness probe.
     """
-    return _Rewriter(graph, plan, rank, traffic, prefix).run()
+    return _Rewriter(graph, plan, rank, traffic, prefix, markers).run()
 
 
 class _Rewriter:
-    def __init__(self, graph, plan: Plan, rank: int, traffic: Traffic, prefix: str):
+    def __init__(self, graph, plan: Plan, rank: int, traffic: Traffic, prefix: str,
+                 markers: Optional[Markers] = None):
         self.g, self.plan, self.rank, self.traffic = graph, plan, rank, traffic
+        self.markers = markers
+        self.step_reads: List[tf.Tensor] = []  # what the forward reads from the PS
         self.prefix = prefix
         self.worker = worker_device(rank)
         self.host = plan.host_of_rank(rank)
@@ -188,6 +195,7 @@ class _Rewriter:
                     t = self.traffic.counted("ps_pull", t, nbytes(t))
                 if after:
                     return t
+                self.step_reads.append(t)
                 whole.append(t)
             return whole[0]
 
@@ -352,6 +360,8 @@ class _Rewriter:
             out = tf.gather(stitched, idx)
             out = tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(stitched)[1:]], 0))
             out.set_shape(op.outputs[0].shape)
+        if not op.control_inputs:
+            self.step_reads.append(out)
         return out
 
     def _check_ids(self, v: VariablePlan, ids: tf.Tensor) -> tf.Tensor:
@@ -469,7 +479,8 @@ class _Rewriter:
                     pushes.extend([push] if push is not None else [])
                     forwards.extend([forward] if forward is not None else [])
                     owned.append((v, i, k, part, accum))
-        with tf.control_dependencies(pushes + forwards + self._run_collectives()):
+        joined = self._run_collectives()
+        with tf.control_dependencies(pushes + forwards + joined):
             after_push = tf.no_op(name="tfpar/sync/pushed")
         if route.chief:
             applied, last = [], {}
@@ -490,6 +501,13 @@ class _Rewriter:
             synced = tf.group(token, name="tfpar/sync/wait")
         with tf.control_dependencies([synced]), tf.device(self.worker):
             done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
+        if self.markers is not None:
+            training = self._training_ops()
+            reads = [t for t in self.step_reads if any(c in training for c in t.consumers())]
+            self.markers.attach("read", reads, [done])
+            self.markers.attach("joined", joined, [done])
+            self.markers.attach("pushed", pushes + forwards, [done])
+            self.markers.attach("applied" if route.chief else "token", [synced], [done])
         self._replace_updates(done)
         return done
 

@@ -17,6 +17,7 @@ from tfpar.transform import surgery
 from tfpar.transform.allreduce import apply_allreduce
 from tfpar.transform.batch_norm import apply_sync_batch_norm
 from tfpar.transform.parameter_server import PsRewrite, apply_parameter_server, worker_device
+from tfpar.transform.stages import Markers
 from tfpar.transform.tiled import TiledRewrite, apply_tiling
 from tfpar.transform.traffic import Traffic
 
@@ -28,6 +29,7 @@ class Rewritten:
 
     ps: Optional[PsRewrite]
     tiled: Optional[TiledRewrite] = None
+    stages: Optional[Markers] = None  # the training step's stage markers
 
 
 def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = None
@@ -40,14 +42,24 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     """
     distributed = ps_prefix is not None
     traffic = Traffic(graph, worker_device(rank) if distributed else "")
+    markers = Markers(graph, worker_device(rank) if distributed else "")
     tiled = apply_tiling(graph, plan, rank, traffic.counter("tiled"))
-    ps = apply_parameter_server(graph, plan, rank, traffic, ps_prefix) if distributed else None
-    apply_allreduce(graph, plan, traffic)
+    ps = (apply_parameter_server(graph, plan, rank, traffic, ps_prefix, markers)
+          if distributed else None)
+    combined = apply_allreduce(graph, plan, traffic)
+    markers.attach("joined", [graph.get_tensor_by_name(t) for t in combined.values()],
+                   _collective_updates(graph, plan))
     apply_sync_batch_norm(graph, plan, traffic)  # last: it rewires what the others read
     _count_steps(graph, plan, ps, traffic.build(), tiled)
     if distributed:
         _pin_to_worker(graph, rank)
-    return Rewritten(ps, tiled)
+    return Rewritten(ps, tiled, markers)
+
+
+def _collective_updates(graph: tf.Graph, plan: Plan):
+    """The update ops of the variables whose gradients the allreduce rewrite combines."""
+    return [graph.get_operation_by_name(name) for v in plan.variables
+            if v.route in ("allreduce", "allgather") for g in v.gradients for name in g.ops]
 
 
 def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation, tiled=None):
@@ -56,11 +68,8 @@ def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation, ti
         surgery.add_control_inputs(ps.step, [traffic_step])
     for update in (tiled.updates if tiled is not None else ()):
         surgery.add_control_inputs(update, [traffic_step])
-    for v in plan.variables:
-        if v.route in ("allreduce", "allgather"):
-            for g in v.gradients:
-                for name in g.ops:
-                    surgery.add_control_inputs(graph.get_operation_by_name(name), [traffic_step])
+    for update in _collective_updates(graph, plan):
+        surgery.add_control_inputs(update, [traffic_step])
 
 
 def _pin_to_worker(graph: tf.Graph, rank: int):
