@@ -113,6 +113,9 @@ class _Rewriter:
                 for p in [v] + self.slots[v.name]:
                     self._rewire_consumers(p, originals, scope_ops)
             self._prepare_gradients()
+            # Nothing may stay colocated with a variable that no longer runs anywhere.
+            surgery.drop_colocation(self.g, [p.name for v in self.ps_vars
+                                             for p in [v] + self.slots[v.name]])
             with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/"):
                 step_var = tf.compat.v1.get_local_variable(
                     "tfpar/sync/step", shape=[], dtype=tf.int64, use_resource=True,

@@ -43,6 +43,27 @@ def place_apart(op: tf.Operation, device: str) -> None:
     op._set_device(device)  # pylint: disable=protected-access
 
 
+def drop_colocation(graph: tf.Graph, names: Iterable[str]) -> int:
+    """Removes every op's colocation with the ops `names` (e.g. variables the PS rewrite
+    moved: `colocate_gradients_with_ops` and `embedding_lookup` colocate ops with their
+    variable, which would pin them to a device the rewrite no longer uses); returns how
+    many ops changed. Each op keeps its own device and its other colocations."""
+    gone = {f"loc:@{n}".encode() for n in names}
+    changed = 0
+    for op in graph.get_operations():
+        attr = op.node_def.attr.get("_class")
+        if attr is None or not gone.intersection(attr.list.s):
+            continue
+        kept = [c for c in attr.list.s if c not in gone]
+        if kept:
+            op._set_attr("_class", tf.compat.v1.AttrValue(  # pylint: disable=protected-access
+                list=tf.compat.v1.AttrValue.ListValue(s=kept)))
+        else:
+            op._clear_attr("_class")  # pylint: disable=protected-access
+        changed += 1
+    return changed
+
+
 def replace_control_inputs(op: tf.Operation, old: Iterable[tf.Operation],
                            new: tf.Operation) -> bool:
     """Makes `op` wait for `new` instead of any op in `old`, and for what those waited for
