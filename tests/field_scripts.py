@@ -306,10 +306,16 @@ def wide_deep(buckets=20, users=15, emb=4):
         with tf1.variable_scope("linear"):
             linear_logits = tf1.feature_column.linear_model(features, [item, user, crossed, age])
         with tf1.variable_scope("dnn"):
+            # Seeded initialisers: tf-keras's defaults draw per process, and the tests
+            # compare every job with one single-device run from the same values.
+            init = tf1.glorot_uniform_initializer(seed=6)
+            embed = tf1.truncated_normal_initializer(stddev=0.5, seed=7)
             net = tf1.feature_column.input_layer(
-                features, [fc.embedding_column(item, emb), fc.embedding_column(user, emb), age])
-            net = tf1.layers.dense(net, 5, activation=tf.nn.relu, name="hiddenlayer_0")
-            dnn_logits = tf1.layers.dense(net, 1, name="logits")
+                features, [fc.embedding_column(item, emb, initializer=embed),
+                           fc.embedding_column(user, emb, initializer=embed), age])
+            net = tf1.layers.dense(net, 5, activation=tf.nn.relu, name="hiddenlayer_0",
+                                   kernel_initializer=init)
+            dnn_logits = tf1.layers.dense(net, 1, name="logits", kernel_initializer=init)
         logits = linear_logits + dnn_logits
         loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
         global_step = tf1.train.get_or_create_global_step()

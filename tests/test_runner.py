@@ -123,3 +123,23 @@ def test_hybrid_on_one_worker_runs_a_real_parameter_server():
         comm = runner.communication()
         assert comm["steps"] == 1 and comm["ps_push"] > 0 and comm["ps_pull"] > 0
         assert runner.ps_pushes() == {"emb/part_0": 1}
+
+
+def test_assign_results_and_unmappable_fetches(built):
+    """An assign's result is its new value (a resource variable's _UnreadVariable), an
+    op's is None; what the runner cannot map is a TfparError naming it."""
+    graph, h = built
+    with graph.as_default():
+        lr = tf1.get_variable("lr_var", [], trainable=False, use_resource=True,
+                              initializer=tf1.constant_initializer(0.5))
+        new_lr = tf1.placeholder(tf.float32, [], name="new_lr")
+        update = tf1.assign(lr, new_lr)
+        bump = tf1.assign_add(lr, 1.0)
+    with tfpar.get_runner(graph) as runner:
+        assert runner.run(update, {new_lr: 0.25}) == pytest.approx(0.25)
+        assert runner.run(update.op, {new_lr: 0.5}) is None
+        assert runner.run(bump) == pytest.approx(1.5) and runner.run(lr) == pytest.approx(1.5)
+        with pytest.raises(tfpar.TfparError, match="cannot read 'Assign.*' as a variable"):
+            runner._read(update.op.name)  # pylint: disable=protected-access
+        with pytest.raises(tfpar.TfparError, match="cannot fetch 3"):
+            runner.run(3)
