@@ -3,6 +3,7 @@
 # first the fast unit tests, then the multi-process jobs (tests marked `job`).
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k analysis`.
 set -euo pipefail
+START=$SECONDS
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
@@ -16,4 +17,6 @@ for selection in "not job" "job"; do
     [ "$rc" -eq 5 ] || status=$rc
   }
 done
+echo "== suite time: $(( (SECONDS - START) / 60 )) min $(( (SECONDS - START) % 60 )) s" \
+  "(set-up included; exit status $status)"
 exit "$status"

@@ -86,6 +86,7 @@ def test_interface_address_and_job_address():
     ({"step_deadline": True}, r"step_deadline must be"),
     ({"interface": ""}, r"interface must be a network interface name"),
     ({"liveness_timeout": -1}, r"liveness_timeout must be a positive number"),
+    ({"first_step_deadline": 0}, r"first_step_deadline must be a positive number"),
 ])
 def test_config_rejects_bad_liveness_settings(kwargs, message):
     with pytest.raises(TfparError, match=message):
@@ -96,3 +97,22 @@ def test_config_defaults_bound_every_wait():
     c = tfpar.Config()
     assert c.liveness_timeout == 30.0 and c.step_deadline == 600.0 and c.interface is None
     assert tfpar.Config(step_deadline=None).step_deadline is None
+    assert tfpar.Config().first_step_deadline == 120.0
+
+
+def test_closing_gives_the_process_its_excepthook_back():
+    script = ("import sys\nfrom tfpar import liveness as L\nbefore = sys.excepthook\n"
+              "live = L.Liveness(0, [{'rank': 0, 'host': 'h', 'pid': 1, 'hub': ''}], 's', 5.0,"
+              " None)\nprint('installed', sys.excepthook is not before)\nlive.close()\n"
+              "print('restored', sys.excepthook is before)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.stdout.split() == ["installed", "True", "restored", "True"], proc.stderr
+
+
+def test_a_stage_is_the_first_one_a_step_has_not_passed():
+    from tfpar.transform import stages
+    counts = {"read": [3], "joined": [2, 3], "pushed": [2], "token": [2]}
+    assert stages.describe(counts, 2) == stages.STAGES["joined"]  # one of two not passed
+    assert stages.describe({"read": [2]}, 2) == stages.STAGES["read"]
+    assert "every marked stage passed" in stages.describe({"read": [3], "token": [3]}, 2)

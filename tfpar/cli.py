@@ -10,7 +10,6 @@ graph), or a saved MetaGraphDef (`.meta`, binary or text).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import os
 import sys

@@ -1,6 +1,6 @@
 """Measuring what density routing needs, in the job, before the graph is rewritten.
 
-- `measure_rows` (`measure_alpha`): the rows of each sparse variable one worker's step
+- `measure_rows`: the rows of each sparse variable one worker's step
   touches, the rows its gradients carry (duplicate ids included), and those the workers
   of one host touch in common, from a scratch copy of the
   worker's own (sharded) graph that computes only the gradients' ids: no variable is
@@ -28,18 +28,11 @@ from tfpar.transform.graph_copy import copy_graph
 _PROBES = 0  # link probes of this process (their Horovod op names must differ)
 
 
-def measure_alpha(meta, variables: Sequence, steps: int,
-                  feed: Optional[Callable[[int], dict]] = None) -> Dict[str, float]:
-    """{variable name: mean fraction of its rows touched by one worker's step}, averaged
-    over `steps` steps and every worker. `variables` are `analysis.VariableInfo`s of sparse
-    variables; `feed(step)` feeds a graph that reads placeholders."""
-    return measure_rows(meta, variables, steps, feed)[0]
-
-
 def measure_rows(meta, variables: Sequence, steps: int,
                  feed: Optional[Callable[[int], dict]] = None,
                  host_of_rank: Optional[Callable[[int], int]] = None):
-    """(alpha, duplicates, sent): `measure_alpha`'s fractions, {variable name: rows per
+    """(alpha, duplicates, sent): {variable name: mean fraction of its rows one worker's
+    step touches (over `steps` steps and every worker)}, {variable name: rows per
     step, summed over hosts, that a host's workers touch more than once between them} (what
     local aggregation saves; with `host_of_rank`, else empty), and {variable name: rows
     one worker's gradients carry per step, duplicate ids included} (what an allgather

@@ -222,9 +222,6 @@ class EmulatedCluster:
         kw.setdefault("text", True)
         return subprocess.run(self.command(argv, host), **kw)
 
-    def popen(self, argv: Sequence[str], host: int = 0, **kw) -> subprocess.Popen:
-        return subprocess.Popen(self.command(argv, host), **kw)
-
     def wire_bytes(self) -> Dict[str, Dict[str, int]]:
         """{host name: {"sent": bytes, "received": bytes}} so far, from each link's veth."""
         out = {}

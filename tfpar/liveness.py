@@ -555,6 +555,8 @@ class Liveness:
             self._send(self._link, f"BYE {self._mine.steps} {int(self._mine.input_ended)}")
         self._release.wait()
         self._run_exit_callbacks()
+        if sys.excepthook is self._hook:  # give the process its own hook back
+            sys.excepthook = self._previous_hook
 
     def _run_exit_callbacks(self):
         while self._on_exit:
@@ -565,7 +567,7 @@ class Liveness:
 
     def _install_excepthook(self):
         """A worker dying of an exception stops the job at once (others would wait on it)."""
-        previous = sys.excepthook
+        previous = self._previous_hook = sys.excepthook
 
         def hook(kind, value, tb):
             if kind.__name__ in _ECHO_ERRORS:
@@ -577,5 +579,5 @@ class Liveness:
             self.abort(summary(value))
             previous(kind, value, tb)
 
-        sys.excepthook = hook
+        self._hook = sys.excepthook = hook
 

@@ -127,13 +127,17 @@ def single_device(sc: dict) -> dict:
         return {v.op.name: value for v, value in zip(variables, sess.run(variables))}
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"N{n}")
+BATCHES = 4  # jobs per worker count: each under ~3 minutes on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module", params=[(n, k) for n in (2, 4) for k in range(BATCHES)],
+                ids=lambda p: f"N{p[0]}_batch{p[1]}")
 def job(request, tmp_path_factory):
-    n = request.param
-    folder = tmp_path_factory.mktemp(f"rewrite{n}")
-    cases = scenarios(n, planner_json(n, str(folder)))
+    n, k = request.param
+    folder = tmp_path_factory.mktemp(f"rewrite{n}_{k}")
+    cases = scenarios(n, planner_json(n, str(folder)))[k::BATCHES]
     spec = {"scenarios": cases, "sizes": SIZES, "global_batch": GLOBAL_BATCH, "steps": STEPS}
-    return n, cases, run_worker(n, "tiled_graph.py", spec, folder, timeout=600)
+    return n, cases, run_worker(n, "tiled_graph.py", spec, folder, timeout=420)
 
 
 @pytest.mark.job
@@ -228,7 +232,8 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
         for name, value in expected.items():
             np.testing.assert_allclose(reader.get_tensor(name), value, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{sc['name']}: checkpoint {name}")
-    assert "dense/kernel" in auto_split, "tiling='auto' did not split the wide layer"
+    if any(sc["name"].startswith("auto_wide") for sc in cases):
+        assert "dense/kernel" in auto_split, "tiling='auto' did not split the wide layer"
 
 
 def test_bad_tiling_plans_are_refused_clearly():

@@ -404,7 +404,7 @@ def predicted_bytes(graph: tf.Graph, plan: Plan) -> Dict[str, float]:
 
 def _rewrite_chain(graph, plan, chain: List[_Layer], by_name, rank, n, counter, made,
                    updates):
-    first, last = chain[0], chain[-1]
+    first = chain[0]
     global_batch = first.batch * n
     x = first.x
     reads = []  # per layer: (its weight's tile read, its bias's or None, its scope)

@@ -25,7 +25,6 @@ import dataclasses
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 RED = "red"
-REPLICATE = None  # a Cut with dim None replicates
 
 
 @dataclasses.dataclass(frozen=True)
