@@ -3,7 +3,7 @@
     sudo .venv/bin/python -m scripts.benchmark_cluster [--hosts 2] [--rates 100mbit 1gbit]
         [--vocabs 200000 50000] [--batch 2048] [--repeats 1]
 
-Hosts are network namespaces on links shaped with tc (`tfpar.emulate`); horovodrun starts on
+Hosts are network namespaces on links shaped with tc (`tfpar.testing.emulate`); horovodrun starts on
 the first host and reaches the others over ssh, as on a real cluster. N = 2 workers per
 host. For each link rate, vocabulary and N, the systems run interleaved (each repeat runs
 every system once): tfpar HYBRID, AR and PS (examples/lm.py), plain Horovod's
@@ -32,10 +32,10 @@ import threading
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfpar.launch import horovodrun_command  # noqa: E402
+from tfpar.testing.launch import horovodrun_command  # noqa: E402
 from scripts.report import invocation, machine  # noqa: E402
 
-from tfpar.emulate import EmulatedCluster  # noqa: E402
+from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_allreduce",
            "HYBRID_allgather", "HYBRID_async",
@@ -397,7 +397,7 @@ def write(rows, args, argv=None, stamp=None):
                    "merged_from": getattr(args, "merged_from", [])}, f, indent=2)
     text = [f"# Language model on an emulated cluster\n\n`{invocation(argv)}`, "
             f"{stamp}, on {machine()}. Hosts are network namespaces on this one machine "
-            "(tfpar.emulate), 2 workers each, links shaped with tc tbf; all processes share "
+            "(tfpar.testing.emulate), 2 workers each, links shaped with tc tbf; all processes share "
             f"the machine's CPU cores. {args.batch} words per worker per step; median of "
             f"{args.repeats} interleaved run(s). Wire bytes: the hosts' link counters between "
             "the warm-up step and the last step, divided by steps and workers. Model: the "

@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfpar.launch import horovodrun_command  # noqa: E402
+from tfpar.testing.launch import horovodrun_command  # noqa: E402
 from scripts.report import invocation, machine  # noqa: E402
 
 SYSTEMS = ("HYBRID", "AR", "horovod_sparse_as_dense", "PS")

@@ -4,7 +4,7 @@
 
 A model with no sparse variable is where tfpar can only add overhead: HYBRID runs it as AR,
 Horovod allreduces inserted after the raw gradients, as Horovod's DistributedOptimizer
-does. The systems run interleaved on an emulated cluster (`tfpar.emulate`, 2 workers per
+does. The systems run interleaved on an emulated cluster (`tfpar.testing.emulate`, 2 workers per
 host): tfpar (`tfpar.get_runner`, default Config) and Horovod (`hvd.DistributedOptimizer`
 on the same graph, variables broadcast from rank 0). Reports the median step time of each
 and their ratio. Writes docs/benchmark_mlp.{md,json}.
@@ -18,7 +18,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfpar.launch import run_for_json  # noqa: E402
+from tfpar.testing.launch import run_for_json  # noqa: E402
 from scripts.report import invocation  # noqa: E402
 
 SYSTEMS = ("tfpar", "horovod")
@@ -83,7 +83,7 @@ def main():
     if args.worker:
         return worker(args.worker, args.steps, args.warmup, args.batch, tuple(args.hidden),
                       args.out)
-    from tfpar.emulate import EmulatedCluster
+    from tfpar.testing.emulate import EmulatedCluster
     from scripts.report import machine
     runs = {s: [] for s in SYSTEMS}
     with EmulatedCluster(hosts=args.hosts, rate=args.rate, name="tfpm") as cluster:

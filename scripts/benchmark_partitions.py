@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfpar.launch import horovodrun_command  # noqa: E402
+from tfpar.testing.launch import horovodrun_command  # noqa: E402
 
 from scripts.report import invocation, machine  # noqa: E402
 

@@ -24,7 +24,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfpar.launch import run_for_json  # noqa: E402
+from tfpar.testing.launch import run_for_json  # noqa: E402
 from scripts.report import invocation  # noqa: E402
 
 MODELS = {
@@ -115,8 +115,8 @@ def worker(model, system, steps, warmup, out):
 
 
 def tfpar_gather(row):
-    from tfpar import runtime
-    return [json.loads(s) for s in runtime.allgather_strings(json.dumps(row))]
+    from tfpar.runtime import job
+    return [json.loads(s) for s in job.allgather_strings(json.dumps(row))]
 
 
 def run_job(model, system, n, args):

@@ -44,7 +44,7 @@ def main():
         rows.append(("SoyBean section 2.2 MLP (5 x 300, batch 400)", n, soybean, t, plan))
     from examples import lm
     import tfpar
-    from tfpar.partition.tiling.extract import extract
+    from tfpar.graph.extract import extract
     graph = lm.build_graph(vocab=100_000)[0]
     analysis = tfpar.analyse(graph)
     t, plan = timed(lambda: plan_tiling(extract(graph, analysis), 8))

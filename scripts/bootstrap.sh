@@ -35,7 +35,7 @@ if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
   command -v cmake >/dev/null || { echo "tfpar bootstrap: cmake is required to build Horovod" >&2; exit 1; }
 fi
 
-# The emulated cluster (tfpar/emulate.py: network namespaces, tc, one sshd per host) used by
+# The emulated cluster (tfpar/testing/emulate.py: network namespaces, tc, one sshd per host) used by
 # tests/test_emulated_hosts.py and scripts/benchmark_cluster.py.
 if ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ] || ! command -v tc >/dev/null \
     || ! command -v unshare >/dev/null; then

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from examples import lm  # noqa: E402
+from tfpar.plan.cost import allreduce_bytes  # noqa: E402
 
 
 def main():

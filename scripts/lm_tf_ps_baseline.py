@@ -8,7 +8,7 @@ placed by `replica_device_setter` on the parameter servers (the vocabulary-sized
 over them with `fixed_size_partitioner`), and `SyncReplicasOptimizer` aggregating the N
 workers' gradients each step. horovodrun only starts the processes and Horovod only
 exchanges the server addresses once; each host's first worker starts that host's PS task
-(`python -m tfpar.ps_server`, a bare TensorFlow server). It prints "step K ..." lines like
+(`python -m tfpar.runtime.ps_server`, a bare TensorFlow server). It prints "step K ..." lines like
 examples/lm.py (the benchmark reads wire counters at them) and writes a JSON summary.
 """
 import argparse
@@ -24,7 +24,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfpar.liveness import job_address  # noqa: E402
+from tfpar.runtime.liveness import job_address  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 from examples import lm  # noqa: E402
@@ -71,7 +71,7 @@ def main():
     ps_proc = None
     if ps_port:
         task = spec["ps"].index(members[rank]["ps"])
-        ps_proc = subprocess.Popen([sys.executable, "-m", "tfpar.ps_server",
+        ps_proc = subprocess.Popen([sys.executable, "-m", "tfpar.runtime.ps_server",
                                     json.dumps({"cluster": spec, "task": task})],
                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     cluster = tf.train.ClusterSpec(spec)

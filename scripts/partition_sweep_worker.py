@@ -12,8 +12,8 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from examples import lm  # noqa: E402
 import tfpar  # noqa: E402
-from tfpar import runtime  # noqa: E402
-from tfpar.partition import counts  # noqa: E402
+from tfpar.runtime import job  # noqa: E402
+from tfpar.runtime import trials as counts  # noqa: E402
 
 
 def main(out, vocab, max_p, steps):
@@ -23,7 +23,7 @@ def main(out, vocab, max_p, steps):
     for p in range(1, max_p + 1):
         with tfpar.get_runner(graph, config=tfpar.Config(partitions=p)) as runner:
             mine = counts.timed_steps(runner, train_op, None, warmup, steps)
-            times = [float(t) for t in runtime.allgather_strings(repr(mine))]
+            times = [float(t) for t in job.allgather_strings(repr(mine))]
             sweep[p] = sum(times) / len(times)
             if runner.is_chief:
                 print(f"P={p:3d}: {sweep[p] * 1e3:.2f} ms/step", flush=True)

@@ -3,7 +3,7 @@
     sudo .venv/bin/python -m scripts.step_breakdown [--batch 128] [--vocab 200000]
         [--rate 1gbit] [--systems HYBRID AR PS HYBRID_async]
 
-Runs examples/lm.py's graph under tfpar on 2 emulated hosts x 2 workers (`tfpar.emulate`)
+Runs examples/lm.py's graph under tfpar on 2 emulated hosts x 2 workers (`tfpar.testing.emulate`)
 and traces steps on every worker with TensorFlow's RunMetadata (FULL_TRACE). Each traced
 op is put in a kind: Horovod collectives, parameter-server reads (the gathers on the PS
 and their transfers), pushes (accumulator applies), the chief's take and update, the
@@ -15,13 +15,14 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import statistics
 import sys
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfpar.launch import horovodrun_command  # noqa: E402
+from tfpar.testing.launch import horovodrun_command  # noqa: E402
 from scripts.report import invocation  # noqa: E402
 
 KINDS = ("compute", "horovod", "ps_read", "push", "chief_take_apply", "token_wait",
@@ -143,7 +144,7 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args.worker, args.vocab, args.batch, args.steps, args.traced, args.result)
-    from tfpar.emulate import EmulatedCluster
+    from tfpar.testing.emulate import EmulatedCluster
     from scripts.report import machine
     results = {}
     with EmulatedCluster(hosts=2, rate=args.rate, name="tfpx") as cluster, \

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from tfpar import launch
+from tfpar.testing import launch
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)

@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 
 import tfpar
-from tfpar.analysis import analyse
+from tfpar.graph.analysis import analyse
 
 tf1 = tf.compat.v1
 

@@ -1,7 +1,7 @@
 """Density routing: a sparse variable goes to the parameter servers, through a dense
 allreduce or through Horovod's allgather.
 
-- The decision (tfpar.routing, pure): alpha near 1 -> allreduce, alpha << 1 on a large
+- The decision (tfpar.plan.routing, pure): alpha near 1 -> allreduce, alpha << 1 on a large
   variable of many workers -> parameter servers, few rows whose savings cannot pay for
   the parameter servers' protocol -> allgather (no parameter servers at all), duplicate
   ids costed, forced routes kept.
@@ -23,9 +23,9 @@ from tests.launch import REPO, horovodrun, job_results
 from tests.reference import equal_single_device_tests
 
 import tfpar
-from tfpar import routing
+from tfpar.plan import routing
 from tfpar.errors import TfparError
-from tfpar.resources import parse_resources
+from tfpar.plan.layout import parse_resources
 
 STEPS, BATCH = 4, 8
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
@@ -140,7 +140,7 @@ def test_sparse_route_needs_hybrid_mode():
 def _plan(config, **model):
     graph, _ = models.build(**model)
     analysis = tfpar.analyse(graph)
-    from tfpar.planner import make_plan
+    from tfpar.plan.planner import make_plan
     return make_plan(analysis, config, parse_resources("localhost:2"))
 
 

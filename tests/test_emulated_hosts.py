@@ -1,6 +1,6 @@
 """tfpar across two emulated hosts: what `-H localhost:2,127.0.0.1:2` cannot show.
 
-`tfpar.emulate.EmulatedCluster` makes two hosts on this machine (network namespaces h1 and
+`tfpar.testing.emulate.EmulatedCluster` makes two hosts on this machine (network namespaces h1 and
 h2 with their own host names, addresses 198.18.0.1-2 and sshd, on links shaped to
 1 Gbit/s); horovodrun starts on h1 and reaches h2 over ssh, as on a real cluster. So the
 servers must be dialled at the right addresses, host names differ, and every byte between
@@ -18,7 +18,7 @@ from tests.launch import REPO, horovodrun, processes_running, run_scenarios
 from tests.reference import check, each_scenario
 from tests.test_faults import LIVENESS_TIMEOUT, listening, signal_job
 from tests.test_parameter_server import SCENARIOS_4, check_routes
-from tfpar.emulate import EmulatedCluster
+from tfpar.testing.emulate import EmulatedCluster
 
 pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import tfpar
-from tfpar import liveness
+from tfpar.runtime import liveness
 from tfpar.errors import TfparError
 from tests.launch import REPO
 
@@ -14,7 +14,7 @@ from tests.launch import REPO
 # stranger and the genuine worker 1 knocking. Prints one line per check.
 HUB_SCRIPT = r'''
 import socket, sys, time
-from tfpar import liveness as L
+from tfpar.runtime import liveness as L
 from tfpar.errors import TfparError
 
 hub = socket.socket(); hub.bind(("127.0.0.1", 0)); hub.listen(4)

@@ -1,6 +1,6 @@
 """Local aggregation decided by measurement (Config(local_aggregation="auto")).
 
-- The decision (tfpar.routing, pure): on when the bytes a host's link is spared take longer
+- The decision (tfpar.plan.routing, pure): on when the bytes a host's link is spared take longer
   there than the one exchange it adds, off otherwise.
 - The planner's bytes: the duplicate rows a host's workers push (measured) and all but one
   copy of a dense gradient, bound for the other hosts' parameter servers.
@@ -21,11 +21,11 @@ from tests.launch import job_results
 from tests.reference import check, each_scenario
 
 import tfpar
-from tfpar import routing
-from tfpar.analysis import analyse
+from tfpar.plan import routing
+from tfpar.graph.analysis import analyse
 from tfpar.errors import TfparError
-from tfpar.planner import decide_aggregation, make_plan
-from tfpar.resources import parse_resources
+from tfpar.plan.planner import decide_aggregation, make_plan
+from tfpar.plan.layout import parse_resources
 from tfpar.transform.parameter_server import sum_by_id
 
 LINKS = routing.Links(latency_s=1e-3, per_byte_s=1e-8)

@@ -3,11 +3,11 @@ import pytest
 import tensorflow as tf
 
 import tfpar
-from tfpar import cost
-from tfpar.analysis import analyse
+from tfpar.plan import cost
+from tfpar.graph.analysis import analyse
 from tfpar.plan import Plan
-from tfpar.planner import make_plan
-from tfpar.resources import parse_resources
+from tfpar.plan.planner import make_plan
+from tfpar.plan.layout import parse_resources
 
 from tests import models
 
@@ -30,7 +30,7 @@ def test_json_round_trip():
 def test_json_round_trip_of_a_plan_with_every_route():
     """allreduce, allgather, ps (in parts), replicated and tiled in one plan."""
     import dataclasses
-    from tfpar.mesh import DeviceMesh
+    from tfpar.plan.mesh import DeviceMesh
     from tfpar.partition.tiling import Dataflow, plan_tiling
     graph, _ = models.build(sparse=True, optimizer="adam", batch=8)
     analysis, layout = analyse(graph), parse_resources("a:2,b:2")
@@ -62,10 +62,10 @@ def test_json_round_trip_of_a_plan_with_every_route():
 def test_the_rewrite_holds_a_tiled_route_as_tiles():
     """The planner's tiling slots into the Plan, and the rewrite gives the weight and its
     slots tiles of their own (equivalence: tests/transform/test_tiled_rewrite.py)."""
-    from tfpar import runtime
+    from tfpar.runtime import job
     from tfpar.partition.tiling import Dataflow, plan_tiling
     from tfpar.transform.rewrite import rewrite
-    runtime.horovod()  # building Horovod ops needs it initialised (here a job of one)
+    job.horovod()  # building Horovod ops needs it initialised (here a job of one)
     graph, _ = models.build(batch=8, optimizer="momentum")
     plan = make_plan(analyse(graph), tfpar.Config(), parse_resources("localhost:2"))
     df = Dataflow()

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 import tfpar
 from tests.launch import REPO
-from tfpar.planner import make_plan
-from tfpar.resources import parse_resources
+from tfpar.plan.planner import make_plan
+from tfpar.plan.layout import parse_resources
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()

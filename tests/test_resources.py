@@ -4,7 +4,7 @@ import socket
 import pytest
 
 from tfpar import TfparError
-from tfpar.resources import Host, Layout, job_layout, parse_resources, reconcile
+from tfpar.plan.layout import Host, Layout, job_layout, parse_resources, reconcile
 
 
 def test_parse_string():

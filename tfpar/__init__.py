@@ -22,16 +22,16 @@ import os as _os
 if _importlib_util.find_spec("tf_keras") is not None:
     _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from tfpar.config import Config  # noqa: E402
+from tfpar.plan.config import Config  # noqa: E402
 from tfpar.errors import NotYetSupportedError, TfparError  # noqa: E402
 from tfpar.plan import Plan  # noqa: E402
 from tfpar.version import __version__  # noqa: E402
 
 # What needs TensorFlow loads on first use, so the pure core (plans, cost model, partition
 # counts and tilings) imports without it.
-_LAZY = {"get_runner": "tfpar.runner", "Runner": "tfpar.runner", "shard": "tfpar.sharding",
-         "partitioner": "tfpar.partition.counts.partitioner", "analyse": "tfpar.analysis",
-         "GraphAnalysis": "tfpar.analysis"}
+_LAZY = {"get_runner": "tfpar.runtime.runner", "Runner": "tfpar.runtime.runner", "shard": "tfpar.runtime.sharding",
+         "partitioner": "tfpar.graph.partitioner", "analyse": "tfpar.graph.analysis",
+         "GraphAnalysis": "tfpar.graph.analysis"}
 
 
 def __getattr__(name):

@@ -63,10 +63,10 @@ def _plan_tiling(args, graph, analysis, scope):
     """`tfpar plan --tiling`: the tiling planner's result for the devices asked for, and the
     layout of workers it is for (one per device)."""
     from tfpar.errors import TfparError
-    from tfpar.mesh import DeviceMesh
-    from tfpar.partition.tiling.extract import extract
+    from tfpar.plan.mesh import DeviceMesh
+    from tfpar.graph.extract import extract
     from tfpar.partition.tiling.planner import EXACT_LIMITS, plan_tiling
-    from tfpar.resources import parse_resources
+    from tfpar.plan.layout import parse_resources
 
     if args.devices is None:
         layout = parse_resources(args.resources)
@@ -143,12 +143,12 @@ def main(argv=None):
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
 
-    from tfpar.partition import counts
-    from tfpar.analysis import DEFAULT_GRADIENT_SCOPE, analyse
-    from tfpar.config import Config
+    from tfpar.runtime import trials
+    from tfpar.graph.analysis import DEFAULT_GRADIENT_SCOPE, analyse
+    from tfpar.plan.config import Config
     from tfpar.errors import TfparError
-    from tfpar.planner import make_plan
-    from tfpar.resources import parse_resources
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.layout import parse_resources
 
     try:
         scope = args.gradient_scope or DEFAULT_GRADIENT_SCOPE
@@ -160,7 +160,7 @@ def main(argv=None):
                   f"train ops: {', '.join(analysis.train_ops) or '-'}")
             return 0
         import tensorflow as tf
-        from tfpar.transform.graph_copy import copy_graph, to_meta_graph
+        from tfpar.graph.graph_copy import copy_graph, to_meta_graph
         source = graph if isinstance(graph, tf.Graph) else copy_graph(graph)
         tiling = None
         if args.tiling:
@@ -176,7 +176,7 @@ def main(argv=None):
                         local_aggregation=not args.no_local_aggregation,
                         sparse_route=args.sparse_route)
         result = make_plan(analysis, config, layout)
-        config, decisions, notes = counts.resolve_counts(
+        config, decisions, notes = trials.resolve_counts(
             source, to_meta_graph(graph), analysis, config, layout, result,
             forget=args.forget_search)
         if decisions:

@@ -237,11 +237,11 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
 
 
 def test_bad_tiling_plans_are_refused_clearly():
-    from tfpar.analysis import analyse
+    from tfpar.graph.analysis import analyse
     from tfpar.errors import TfparError
-    from tfpar.planner import make_plan
-    from tfpar.resources import parse_resources
-    from tfpar.runner import _with_tiles
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.layout import parse_resources
+    from tfpar.runtime.runner import _with_tiles
     with pytest.raises(TfparError, match="not a tiling"):
         tfpar.Config(tiling={"dense/kernel": "X"})
     values, _ = initial(SIZES, GLOBAL_BATCH, 1)
@@ -259,11 +259,11 @@ def test_bad_tiling_plans_are_refused_clearly():
 
 
 def test_tiling_configs_and_unsplittable_layers_are_refused_clearly(tmp_path):
-    from tfpar.analysis import analyse
+    from tfpar.graph.analysis import analyse
     from tfpar.errors import NotYetSupportedError, TfparError
-    from tfpar.planner import make_plan
-    from tfpar.resources import parse_resources
-    from tfpar.runner import _with_tiles
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.layout import parse_resources
+    from tfpar.runtime.runner import _with_tiles
     from tfpar.transform.tiled import predicted_bytes
     with pytest.raises(TfparError, match="neither 'auto' nor a readable plan file"):
         tfpar.Config(tiling=str(tmp_path / "missing.json"))
@@ -310,10 +310,10 @@ POST_PROCESSING = {
 def _predicted_bytes_with_post_processing(post: str):
     """predicted_bytes of one layer x @ w, w split by columns, whose gradient goes through
     POST_PROCESSING[post] before the update (what get_runner checks first)."""
-    from tfpar.analysis import analyse
-    from tfpar.planner import make_plan
-    from tfpar.resources import parse_resources
-    from tfpar.runner import _with_tiles
+    from tfpar.graph.analysis import analyse
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.layout import parse_resources
+    from tfpar.runtime.runner import _with_tiles
     from tfpar.transform.tiled import predicted_bytes
     g = tf.Graph()
     with g.as_default():
@@ -346,10 +346,10 @@ def test_chains_keep_activations_split_only_where_nothing_else_reads_them():
     """Two split layers with an activation between them form a chain (the activation's
     exchange disappears from the predicted bytes); a bias left whole between them, or a
     second reader of the activation (an activity penalty in the loss), breaks it."""
-    from tfpar.analysis import analyse
-    from tfpar.planner import make_plan
-    from tfpar.resources import parse_resources
-    from tfpar.runner import _with_tiles
+    from tfpar.graph.analysis import analyse
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.layout import parse_resources
+    from tfpar.runtime.runner import _with_tiles
     from tfpar.transform.tiled import chains, layer_bytes, predicted_bytes
     from tfpar.partition.tiling.cuts import Tiling
     from tfpar.transform import tiles

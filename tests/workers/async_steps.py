@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 from tests import models  # noqa: E402
 import tfpar  # noqa: E402
-from tfpar import runtime  # noqa: E402
+from tfpar.runtime import job  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 ROUNDS, BATCH = 3, 8
@@ -47,7 +47,7 @@ def main(case, out_dir, model_json="{}"):
                     if turn == rank:
                         x, y, ids = data[step * n + turn]
                         runner.run(h["train_op"], feed_dict=models.feed(h, x, y, ids))
-                    runtime.allgather_strings("turn")  # a barrier outside tfpar's graph
+                    job.allgather_strings("turn")  # a barrier outside tfpar's graph
             final = runner.run(variables)
             arrays = {f"init/{k}": v for k, v in zip(names, init)}
             arrays.update({f"final/{k}": v for k, v in zip(names, final)})

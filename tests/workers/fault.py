@@ -14,7 +14,7 @@ import tensorflow as tf  # noqa: E402
 
 from tests import models  # noqa: E402
 import tfpar  # noqa: E402
-from tfpar import cluster, liveness  # noqa: E402
+from tfpar.runtime import cluster, liveness  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 out_dir = sys.argv[1]

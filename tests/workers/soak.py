@@ -27,7 +27,7 @@ def rss(pid):
 
 with tfpar.get_runner(graph) as runner:
     me = psutil.Process()
-    children = [c.pid for c in me.children() if "tfpar.ps_server" in " ".join(c.cmdline())]
+    children = [c.pid for c in me.children() if "tfpar.runtime.ps_server" in " ".join(c.cmdline())]
     ps_pid = children[0] if children else None
     data = models.batches(8, 8 * runner.num_workers, vocab=models.PS_VOCAB)
     lo, hi = runner.worker_id * 8, (runner.worker_id + 1) * 8

@@ -55,7 +55,7 @@ if case == "one_rank" and rank == 1:
 runner = tfpar.get_runner(graph, config=config)
 print(f"rank {rank}: runner ready", flush=True)
 if case == "stuck_ps_read" and rank == 0:
-    from tfpar import cluster
+    from tfpar.runtime import cluster
     os.kill(cluster.current().ps_pid, signal.SIGSTOP)
 if case == "stuck_collective" and rank == 1:
     time.sleep(60)

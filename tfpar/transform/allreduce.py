@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from tfpar.plan import Plan
 from tfpar.transform import surgery
-from tfpar.cost import allreduce_bytes
-from tfpar.transform.naming import safe_name
+from tfpar.plan.cost import allreduce_bytes
+from tfpar.graph.naming import safe_name
 from tfpar.transform.traffic import Traffic, nbytes
 
 

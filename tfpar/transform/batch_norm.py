@@ -32,13 +32,13 @@ from typing import Dict, List, Tuple
 import numpy as np
 import tensorflow as tf
 
-from tfpar.analysis import CONDS, DEFAULT_GRADIENT_SCOPE, cond_batch_norms, moments_variance
+from tfpar.graph.analysis import CONDS, DEFAULT_GRADIENT_SCOPE, cond_batch_norms, moments_variance
 
 from tfpar.errors import NotYetSupportedError
 from tfpar.plan import Plan
 from tfpar.transform import surgery
 from tfpar.transform.allreduce import allreduce
-from tfpar.transform.naming import safe_name
+from tfpar.graph.naming import safe_name
 
 _GRADS = ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
 

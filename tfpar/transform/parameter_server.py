@@ -28,11 +28,11 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from tfpar.analysis import FUNCTIONAL, WRITES, reachable
+from tfpar.graph.analysis import FUNCTIONAL, WRITES, reachable
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
 from tfpar.transform import surgery
-from tfpar.transform.naming import scope_name
+from tfpar.graph.naming import scope_name
 from tfpar.transform.stages import Markers
 from tfpar.transform.traffic import Traffic, nbytes
 

@@ -2,7 +2,7 @@
 probe (a second, concurrent session run) can tell where a step that does not finish waits.
 
 The liveness links carry what the probe finds to the hub, which names it when the first
-step or a step deadline runs out (see tfpar.liveness). A marker only counts: it waits for
+step or a step deadline runs out (see tfpar.runtime.liveness). A marker only counts: it waits for
 its stage's ops and the step's end waits for it, so nothing runs that did not run before.
 """
 from __future__ import annotations

@@ -52,7 +52,7 @@ from tfpar.partition.tiling import redistribution
 from tfpar.partition.tiling.cuts import Cut, Tiling
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery, tiles
-from tfpar.transform.naming import safe_name
+from tfpar.graph.naming import safe_name
 
 TILES = "tfpar_tiles"  # the collection of the tile variables
 

@@ -3,8 +3,9 @@ import pytest
 import tensorflow as tf
 
 import tfpar
-from tfpar.analysis import analyse
-from tfpar.partition.counts import check_groups, marked_groups, training_step
+from tfpar.graph.analysis import analyse
+from tfpar.graph.partitioner import marked_groups
+from tfpar.runtime.trials import check_groups, training_step
 
 tf1 = tf.compat.v1
 
@@ -45,8 +46,8 @@ def test_context_manager_and_variable_scope_forms_mark_their_variables():
 
 
 def test_the_marked_variables_are_split_as_decided():
-    from tfpar.planner import make_plan
-    from tfpar.resources import parse_resources
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.layout import parse_resources
 
     def body(ids):
         with tfpar.partitioner():

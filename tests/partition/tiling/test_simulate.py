@@ -5,10 +5,11 @@ import random
 import pytest
 
 from tfpar.partition.tiling.dataflow import mlp
-from tfpar.mesh import DeviceMesh, MeshLevel
+from tfpar.plan.mesh import DeviceMesh, MeshLevel
 from tfpar.partition.tiling.simulate import Simulator, mcmc
 from tfpar.partition.tiling.cuts import Tiling
-from tfpar.partition.tiling.planner import DATA_PARALLEL, canonical, plan_tiling, tilings_of
+from tfpar.partition.tiling.op_costs import tilings_of
+from tfpar.partition.tiling.planner import DATA_PARALLEL, canonical, plan_tiling
 
 MACHINE4 = DeviceMesh((MeshLevel(2, 1e9, 2e-5), MeshLevel(2, 10e9, 5e-6)), flops=5e9)
 

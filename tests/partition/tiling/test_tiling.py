@@ -7,7 +7,7 @@ import pytest
 
 import tfpar
 from tfpar.plan import Plan
-from tfpar.mesh import DeviceMesh, MeshLevel
+from tfpar.plan.mesh import DeviceMesh, MeshLevel
 from tfpar.partition.tiling.dataflow import mlp
 from tfpar.partition.tiling.cuts import Cut, Tiling, convert_cost, distinct_tilings, matmul_cost
 from tfpar.partition.tiling import min_sum
@@ -338,7 +338,7 @@ def _tf_mlp(batch):
 
 
 def test_extraction_from_a_real_graph():
-    from tfpar.partition.tiling.extract import extract
+    from tfpar.graph.extract import extract
     g = _tf_mlp(None)
     df = extract(g, tfpar.analyse(g), batch=32)
     causes = sorted(mm.cause for mm in df.matmuls)

@@ -16,7 +16,7 @@ import itertools
 import numpy as np
 
 from tfpar.partition.tiling.cuts import Tiling
-from tfpar.partition.tiling.planner import op_cut_cost, tilings_of
+from tfpar.partition.tiling.op_costs import op_cut_cost, tilings_of
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,7 @@ operands have different shapes, so that a tiling cannot simply pass through them
 summed over the batch). Element-wise ops between same-shaped tensors keep a tiling, so
 their operands are one tensor here. What the tiling planner reads. Build one without TensorFlow (`mlp`, or `Dataflow` by
 hand) for tests and what-if planning, or extract it from a real graph
-(`tfpar.partition.tiling.extract`).
+(`tfpar.graph.extract`).
 """
 from __future__ import annotations
 

@@ -19,68 +19,23 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import json
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tfpar.errors import TfparError
-from tfpar.mesh import DeviceMesh
+from tfpar.plan.mesh import DeviceMesh
 from tfpar.partition.tiling import min_sum
 from tfpar.partition.tiling.dataflow import CAUSES, Dataflow, MatMul, Op, Reduce
-from tfpar.partition.tiling.cuts import RED, Cut, Tiling, broadcast_cost, matmul_cost, reduce_cost
-
-
-def options(shape: Sequence[int], m: int) -> List[Optional[int]]:
-    """One-cut tilings of a tensor: each evenly divisible dimension, or replication."""
-    return [d for d, n in enumerate(shape) if n % m == 0 and n >= m] + [None]
+from tfpar.partition.tiling.cuts import RED, Cut, Tiling
+from tfpar.partition.tiling.tiling_plan import TilingPlan
+from tfpar.partition.tiling.op_costs import (_size, _tile_size, op_cut_costs, op_k_cut_cost,
+                                             tilings_of)
 
 
 def one_cut(df: Dataflow, m: int) -> Tuple[Dict[str, Optional[int]], float]:
     """The cheapest one-cut tiling of every matrix (dim or None) and its cost in elements."""
     tilings, cost = solve(df, (m,))
     return {x: t.cuts[0].dim for x, t in tilings.items()}, cost
-
-
-def tilings_of(shape: Sequence[int], order: Sequence[int]) -> List[Tiling]:
-    """Every k-cut tiling of a tensor for cuts into `order` parts (outermost first)."""
-    out = [Tiling()]
-    for m in order:
-        out = [t.then(Cut(d, m)) for t in out for d in options(t.tile_shape(shape), m)]
-    return out
-
-
-def op_cut_cost(op: Op, dims: Sequence[Optional[int]], sizes: Sequence[float], m: int
-                ) -> float:
-    """Elements one op moves for one cut into m parts (its operands' tilings `dims` and
-    tile sizes, in `op.operands` order)."""
-    if isinstance(op, MatMul):
-        return matmul_cost(*dims, *sizes, m, op.transpose_a, op.transpose_b)[0]
-    if isinstance(op, Reduce):
-        return reduce_cost(dims[0], dims[1], sizes[0], sizes[1], m, op.axis)[0]
-    return broadcast_cost(dims[0], dims[1], sizes[0], m, op.axis)
-
-
-def op_k_cut_cost(df: Dataflow, op: Op, tilings: Dict[str, Tiling]) -> float:
-    """Elements one op moves under k-cut tilings: sum over cuts of the cut's cost on the
-    tiles left by the cuts before it, times the number of those tiles (Theorem 1)."""
-    return sum(op_cut_costs(df, op, tilings))
-
-
-def op_cut_costs(df: Dataflow, op: Op, tilings: Dict[str, Tiling]) -> List[float]:
-    """The terms of `op_k_cut_cost`, one per cut: the elements that cross each cut."""
-    out, weight = [], 1
-    names = op.operands
-    for level, cut in enumerate(tilings[names[0]].cuts):
-        ts = [tilings[x] for x in names]
-        sizes = [_tile_size(df.matrices[x].shape, t, level) for x, t in zip(names, ts)]
-        out.append(weight * op_cut_cost(op, [t.cuts[level].dim for t in ts], sizes, cut.parts))
-        weight *= cut.parts
-    return out
-
-
-def _tile_size(shape, tiling: Tiling, level: int) -> float:
-    return float(_size(Tiling(tiling.cuts[:level]).tile_shape(shape)))
 
 
 # What the exact joint search may do before the planner falls back to recursion: the
@@ -212,99 +167,6 @@ def factorizations(n: int) -> List[Tuple[int, ...]]:
     return sorted(set(itertools.permutations(primes))) or [()]
 
 
-@dataclasses.dataclass(frozen=True)
-class TilingPlan:
-    """What the tiling planner decided, with the data- and model-parallel baselines."""
-
-    devices: int
-    cuts: Tuple[int, ...]  # parts per cut, outermost first
-    tilings: Dict[str, Tiling]  # matrix -> its k-cut tiling
-    shapes: Dict[str, Tuple[int, ...]]
-    kinds: Dict[str, str]
-    bytes_by_cause: Dict[str, float]
-    data_parallel_bytes: float
-    model_parallel_bytes: float
-    bytes_by_cut: Tuple[float, ...] = ()  # bytes crossing each cut's links, outermost first
-    mesh: Optional[DeviceMesh] = None  # the devices planned for, if more than a count
-    cut_bandwidths: Optional[Tuple[float, ...]] = None  # with a mesh: each cut's links, GB/s
-    search: str = ""  # how the tilings were found
-    # Time mode (simulated on the mesh): step times, seconds.
-    step_time_s: Optional[float] = None
-    data_parallel_time_s: Optional[float] = None
-    model_parallel_time_s: Optional[float] = None
-    # Time mode: seconds each cause keeps the links busy, and compute seconds per device.
-    time_by_cause: Optional[Dict[str, float]] = None
-
-    @property
-    def total_bytes(self) -> float:
-        return sum(self.bytes_by_cause.values())
-
-    @property
-    def placement(self) -> Dict[str, Tiling]:
-        """Each weight's tiling; `tile` says which piece each device holds."""
-        return {x: t for x, t in self.tilings.items() if self.kinds[x] == "weight"}
-
-    def tile(self, name: str, device: int) -> Tuple[Tuple[int, int], ...]:
-        """The [start, stop) ranges of tensor `name` that `device` (0..N-1) holds."""
-        return self.tilings[name].tile_ranges(self.shapes[name], device)
-
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["tilings"] = {x: str(t) for x, t in self.tilings.items()}
-        d["mesh"] = self.mesh.to_dict() if self.mesh else None
-        return d
-
-    def to_json(self, indent: Optional[int] = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TilingPlan":
-        d = dict(d)
-        d["cuts"] = tuple(d["cuts"])
-        d["tilings"] = {x: Tiling.parse(t) for x, t in d["tilings"].items()}
-        d["shapes"] = {k: tuple(v) for k, v in d["shapes"].items()}
-        if d.get("mesh"):
-            d["mesh"] = DeviceMesh.from_dict(d["mesh"])
-        for key in ("bytes_by_cut", "cut_bandwidths"):
-            if d.get(key) is not None:
-                d[key] = tuple(d[key])
-        return cls(**d)
-
-    @classmethod
-    def from_json(cls, text: str) -> "TilingPlan":
-        return cls.from_dict(json.loads(text))
-
-    def table(self) -> str:
-        from tfpar.table import format_table
-        rows = [("tensor", "kind", "shape", "tiling")]
-        for x in sorted(self.tilings, key=lambda n: (self.kinds[n] != "weight", n)):
-            rows.append((x, self.kinds[x], "x".join(map(str, self.shapes[x])),
-                         str(self.tilings[x])))
-        mb = 1e6
-        lines = [f"tfpar tiling plan: {self.devices} devices as cuts "
-                 f"{' x '.join(map(str, self.cuts)) or '-'} (outermost first); search: "
-                 f"{self.search}",
-                 format_table(rows),
-                 "bytes per step: " + ", ".join(f"{c} {b / mb:.3f} MB"
-                                                for c, b in self.bytes_by_cause.items())
-                 + f"; total {self.total_bytes / mb:.3f} MB",
-                 f"for comparison: data parallel {self.data_parallel_bytes / mb:.3f} MB, "
-                 f"model parallel {self.model_parallel_bytes / mb:.3f} MB"]
-        if self.bytes_by_cut:
-            links = self.cut_bandwidths or (None,) * len(self.cuts)
-            lines.append("bytes across each cut: " + ", ".join(
-                f"cut {i + 1} ({p} parts{f', {bw:g} GB/s links' if bw else ''}) "
-                f"{b / mb:.3f} MB" for i, (p, bw, b) in enumerate(
-                    zip(self.cuts, links, self.bytes_by_cut))))
-        if self.step_time_s is not None:
-            lines.append(f"simulated step time: {self.step_time_s * 1e3:.3f} ms (data parallel "
-                         f"{self.data_parallel_time_s * 1e3:.3f} ms, model parallel "
-                         f"{self.model_parallel_time_s * 1e3:.3f} ms)")
-            lines.append("busy time: " + ", ".join(f"{c} {t * 1e3:.4g} ms"
-                                                    for c, t in self.time_by_cause.items()))
-        return "\n".join(lines)
-
-
 def canonical(df: Dataflow, kind_to_cut: Dict[str, Optional[int]], cuts: Sequence[int]
               ) -> Dict[str, Tiling]:
     """SoyBean's canonical tilings (section 4.1) applied at every cut."""
@@ -322,7 +184,7 @@ def plan_tiling(df: Dataflow, devices, itemsize: int = 4, time: bool = False,
     """The least-communication k-cut tiling of `df` on `devices`.
 
     devices: a count (every cut costs its elements: the plan minimises bytes moved) or a
-    `tfpar.mesh.DeviceMesh`, e.g. 2 hosts of 4 devices. With a mesh each level is cut in
+    `tfpar.plan.mesh.DeviceMesh`, e.g. 2 hosts of 4 devices. With a mesh each level is cut in
     prime cuts, each cut's traffic weighted by 1 / its links' bandwidth, and every
     assignment of cuts to levels is tried: the plan minimises transfer time
     (`cut_bandwidths` says which cut went on which links).
@@ -409,11 +271,6 @@ def _divides(shape: Sequence[int], order: Sequence[int]) -> bool:
                for d, n in enumerate(shape) if n % order[0] == 0)
 
 
-def _size(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _total(df, tilings, itemsize) -> float:

@@ -22,10 +22,10 @@ import math
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tfpar.mesh import DeviceMesh
+from tfpar.plan.mesh import DeviceMesh
 from tfpar.partition.tiling.dataflow import CAUSES, Dataflow
 from tfpar.partition.tiling.cuts import Tiling
-from tfpar.partition.tiling.planner import op_cut_costs, tilings_of
+from tfpar.partition.tiling.op_costs import op_cut_costs, tilings_of
 
 
 class Simulator:

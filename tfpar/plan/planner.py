@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Tuple
 
-from tfpar import cost, routing
-from tfpar.analysis import GraphAnalysis, VariableInfo
-from tfpar.config import Config
+from tfpar.plan import cost, routing
+from tfpar.plan.graph_facts import GraphAnalysis, VariableInfo
+from tfpar.plan.config import Config
 from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
 from tfpar.plan import GradientPlan, PartPlan, Plan, VariablePlan
-from tfpar.resources import Layout
+from tfpar.plan.layout import Layout
 
 # Sparse optimizer kernels: a sparse variable updated by anything else gets a dense update.
 _SPARSE_WRITERS_PREFIXES = ("ResourceSparseApply", "SparseApply", "ResourceScatter", "Scatter")

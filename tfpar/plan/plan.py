@@ -10,9 +10,9 @@ import json
 from typing import Dict, Optional, Tuple
 
 from tfpar.partition.tiling.cuts import Tiling
-from tfpar.partition.tiling.planner import TilingPlan
-from tfpar.resources import host_of_rank
-from tfpar.table import format_table
+from tfpar.partition.tiling.tiling_plan import TilingPlan
+from tfpar.plan.layout import host_of_rank
+from tfpar.plan.table import format_table
 
 ROUTES = ("allreduce", "allgather", "ps", "replicated", "tiled")
 

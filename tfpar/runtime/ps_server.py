@@ -1,4 +1,4 @@
-"""A parameter-server process: `python -m tfpar.ps_server SPEC_JSON` (started by tfpar).
+"""A parameter-server process: `python -m tfpar.runtime.ps_server SPEC_JSON` (started by tfpar).
 
 SPEC_JSON is {"cluster": {"worker": [...], "ps": [...]}, "task": i}. The process serves
 job `ps`, task i, until it is told to stop or its parent (the host's first worker) dies,

@@ -13,14 +13,14 @@ job's links (an alpha-beta fit of Horovod allreduces), predicts each route's tim
 with the cost model and picks per variable; the parameter-server protocol's fixed cost is
 paid once if any variable uses it.
 
-Pure: no TensorFlow here (measurement is in `tfpar.density`).
+Pure: no TensorFlow here (measurement is in `tfpar.runtime.measure`).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Dict, Optional, Tuple
 
-from tfpar import cost
+from tfpar.plan import cost
 
 SPARSE_ROUTES = ("ps", "allreduce", "allgather")
 # Sequential exchanges the synchronous parameter-server protocol adds to a step that an

@@ -20,7 +20,7 @@ def horovodrun_command(np_: int, argv: Sequence[str], hosts: Optional[str] = Non
     """(command, environment) that runs `python argv...` as `np_` workers.
 
     hosts: horovodrun's -H (default all on this host); cluster: a
-    `tfpar.emulate.EmulatedCluster` whose first host runs the command, as a user logged
+    `tfpar.testing.emulate.EmulatedCluster` whose first host runs the command, as a user logged
     in there would type it (Horovod reaches the others by ssh, in the same folder and
     environment); env: variables added to the environment.
     """

@@ -11,7 +11,7 @@ hosts over ssh. The root-side veth counters give each host's bytes on the wire.
 
 Needs root, iproute2 (`ip`, `tc`), `unshare` and OpenSSH's sshd. Everything it makes is
 named after `name` and removed by `down()`, also after a failure, and by `python -m
-tfpar.emulate down NAME` after a crash:
+tfpar.testing.emulate down NAME` after a crash:
 
     with EmulatedCluster(hosts=2, rate="100mbit") as cluster:
         proc = cluster.run(["horovodrun", "-np", "4", "-H", cluster.hosts_arg(2), ...])
@@ -243,7 +243,7 @@ def _glob(folder: str, prefix: str, suffix: str) -> List[str]:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tfpar.emulate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tfpar.testing.emulate", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="create the hosts and links")
     up.add_argument("--hosts", type=int, default=2)

@@ -15,7 +15,7 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
-from tfpar.analysis import DEFAULT_GRADIENT_SCOPE
+from tfpar.graph.analysis import DEFAULT_GRADIENT_SCOPE
 from tfpar.errors import TfparError
 from tfpar.partition.tiling.dataflow import Dataflow
 

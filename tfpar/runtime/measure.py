@@ -19,11 +19,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfpar import cost, runtime
+from tfpar.plan import cost
+
+from tfpar.runtime import job
 from tfpar.errors import TfparError
-from tfpar.routing import Links
-from tfpar.sharding import with_shard_values
-from tfpar.transform.graph_copy import copy_graph
+from tfpar.plan.routing import Links
+from tfpar.runtime.sharding import with_shard_values
+from tfpar.graph.graph_copy import copy_graph
 
 _PROBES = 0  # link probes of this process (their Horovod op names must differ)
 
@@ -37,17 +39,17 @@ def measure_rows(meta, variables: Sequence, steps: int,
     local aggregation saves; with `host_of_rank`, else empty), and {variable name: rows
     one worker's gradients carry per step, duplicate ids included} (what an allgather
     sends), means over workers."""
-    hvd = runtime.horovod()
+    hvd = job.horovod()
     local, carried = _local_rows(copy_graph(with_shard_values(meta, hvd.size(), hvd.rank())),
                                  variables, steps, feed)
     here = {v.name: (float(np.mean([len(ids) / v.shape[0] for ids in local[v.name]])),
                      float(np.mean(carried[v.name]))) for v in variables}
-    every = [json.loads(s) for s in runtime.allgather_strings(json.dumps(here))]
+    every = [json.loads(s) for s in job.allgather_strings(json.dumps(here))]
     alpha = {v.name: float(np.mean([e[v.name][0] for e in every])) for v in variables}
     sent = {v.name: float(np.mean([e[v.name][1] for e in every])) for v in variables}
     if host_of_rank is None:
         return alpha, {}, sent
-    rows = [json.loads(s) for s in runtime.allgather_strings(json.dumps(local))]
+    rows = [json.loads(s) for s in job.allgather_strings(json.dumps(local))]
     hosts: Dict[int, List[int]] = {}
     for rank in range(len(rows)):
         hosts.setdefault(host_of_rank(rank), []).append(rank)
@@ -76,7 +78,7 @@ def _local_rows(graph: tf.Graph, variables, steps: int, feed):
     with graph.as_default():
         inits = [tf.compat.v1.global_variables_initializer(),
                  tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer()]
-    with tf.compat.v1.Session(graph=graph, config=runtime.session_config()) as session:
+    with tf.compat.v1.Session(graph=graph, config=job.session_config()) as session:
         initialised = False
         for step in range(steps):
             feed_dict = _feed(graph, feed, step)
@@ -131,7 +133,7 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
     """
     global _PROBES
     _PROBES += 1
-    hvd = runtime.horovod()
+    hvd = job.horovod()
     n = hvd.size()
     tag = f"tfpar_link_probe_{_PROBES}"
     t_small = _agreed(_time(_plain_allreduce, 1, repeats, f"{tag}_small"))
@@ -166,13 +168,13 @@ def _variable(value) -> tf.Tensor:
 
 
 def _plain_allreduce(k: int, name: str):
-    hvd = runtime.horovod()
+    hvd = job.horovod()
     return hvd.allreduce(_variable(tf.ones([k], tf.float32)), op=hvd.Sum, name=name)
 
 
 def _dense_route(rows: int, name: str):
     """What tfpar.transform.allreduce does for a sparse gradient of `rows` rows."""
-    hvd = runtime.horovod()
+    hvd = job.horovod()
     ids = _variable(tf.range(0, rows, max(rows // 8, 1))[:8])
     values = _variable(tf.ones([8, _PROBE_COLUMNS]))
     summed = tf.math.unsorted_segment_sum(values, ids, rows)
@@ -187,7 +189,7 @@ def _time(build, size: int, repeats: int, name: str) -> float:
     with g.as_default():
         op = build(size, name)
         init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(graph=g, config=runtime.session_config()) as session:
+    with tf.compat.v1.Session(graph=g, config=job.session_config()) as session:
         session.run(init)
         session.run(op)  # warm up (negotiation, buffers)
         samples = []
@@ -200,4 +202,4 @@ def _time(build, size: int, repeats: int, name: str) -> float:
 
 def _agreed(seconds: float) -> float:
     """Rank 0's measurement, on every rank."""
-    return float(runtime.allgather_strings(repr(seconds))[0])
+    return float(job.allgather_strings(repr(seconds))[0])

@@ -20,9 +20,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tfpar import runtime
+from tfpar.runtime import job
 from tfpar.errors import TfparError
-from tfpar.partition.counts.partitioner import Group, marked_groups
+from tfpar.graph.partitioner import Group, marked_groups
 from tfpar.partition.counts.search import PartitionSearch, SearchResult
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tfpar", "partitions")
@@ -243,7 +243,7 @@ def _load(config, key: str) -> Optional[dict]:
 
 
 def _store(config, key: str, decisions: Dict[str, GroupDecision]) -> None:
-    if runtime.horovod().rank() != 0:
+    if job.horovod().rank() != 0:
         return
     path = cache_path(config, key)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -256,20 +256,20 @@ def _store(config, key: str, decisions: Dict[str, GroupDecision]) -> None:
 
 def _agree(value):
     """Worker 0's value on every worker (workers may see different files)."""
-    return json.loads(runtime.allgather_strings(json.dumps(value))[0])
+    return json.loads(job.allgather_strings(json.dumps(value))[0])
 
 
 def _agree_float(x: float) -> float:
-    return max(float(s) for s in runtime.allgather_strings(repr(x)))
+    return max(float(s) for s in job.allgather_strings(repr(x)))
 
 
 def _agree_mean(step: Optional[float]) -> Optional[float]:
     """The mean step time over workers; a trial that failed anywhere failed."""
-    times = [json.loads(s) for s in runtime.allgather_strings(json.dumps(step))]
+    times = [json.loads(s) for s in job.allgather_strings(json.dumps(step))]
     return None if any(t is None for t in times) else sum(times) / len(times)
 
 
 def _log(text: str) -> None:
-    if runtime.horovod().rank() == 0:
+    if job.horovod().rank() == 0:
         sys.stderr.write(f"tfpar: {text}\n")
         sys.stderr.flush()

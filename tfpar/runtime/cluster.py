@@ -2,9 +2,9 @@
 
 `horovodrun` starts only workers. For a plan with parameter servers every worker starts an
 in-process TensorFlow gRPC server (job `worker`, task = Horovod rank), and each host's
-local-rank-0 worker spawns one PS process (job `ps`, task = host index; `tfpar.ps_process`)
+local-rank-0 worker spawns one PS process (job `ps`, task = host index; `tfpar.runtime.ps_process`)
 that dies with it. Addresses travel through a Horovod allgather. The last barrier at exit
-(`tfpar.liveness`) keeps every PS up until no worker may read from it.
+(`tfpar.runtime.liveness`) keeps every PS up until no worker may read from it.
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
-from tfpar import runtime
+from tfpar.runtime import job
 from tfpar.errors import TfparError
-from tfpar.liveness import Liveness, job_address
-from tfpar.ps_process import PsProcess
-from tfpar.resources import Layout
+from tfpar.runtime.liveness import Liveness, job_address
+from tfpar.runtime.ps_process import PsProcess
+from tfpar.plan.layout import Layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Cluster:
 
     def __init__(self, layout: Layout, liveness: Liveness, session_config=None,
                  interface: Optional[str] = None):
-        hvd = runtime.horovod()
+        hvd = job.horovod()
         self.liveness = liveness
         self.rank, self.size = hvd.rank(), hvd.size()
         self.layout = layout
@@ -87,7 +87,7 @@ class Cluster:
         ps_port, ps_hold = _free_port() if first_local else (None, None)
         me = Member(self.rank, self.host, os.getpid(), f"{address}:{worker_port}",
                     f"{address}:{ps_port}" if ps_port else "")
-        self.members: List[Member] = [Member(**json.loads(s)) for s in runtime.allgather_strings(
+        self.members: List[Member] = [Member(**json.loads(s)) for s in job.allgather_strings(
             json.dumps(dataclasses.asdict(me)))]
         self.ps_addresses = [m.ps for m in self.members if m.ps]
         if len(self.ps_addresses) != len(layout.hosts):
@@ -116,7 +116,7 @@ class Cluster:
         if self.ps is not None:
             self.ps.wait_ready(ps_port, self.host)
             self.ps.watch()
-        runtime.allgather_strings("ready")  # every server is up before any session starts
+        job.allgather_strings("ready")  # every server is up before any session starts
 
     # -- what transforms and the runner need ------------------------------------------------
     @property
@@ -140,7 +140,7 @@ class Cluster:
     def next_generation(self) -> int:
         """A number for the next runner's shared PS state, equal on every worker."""
         self._generation += 1
-        seen = set(runtime.allgather_strings(str(self._generation)))
+        seen = set(job.allgather_strings(str(self._generation)))
         if len(seen) != 1:
             raise TfparError(f"workers created different numbers of tfpar runners "
                              f"({', '.join(sorted(seen))}): every worker must call "

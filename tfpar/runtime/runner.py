@@ -11,20 +11,20 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfpar import checkpoint, liveness, runtime
-from tfpar.partition import counts
-from tfpar.analysis import analyse
-from tfpar.config import Config
+from tfpar.runtime import checkpoint, job, liveness
+from tfpar.runtime import trials
+from tfpar.graph.analysis import analyse
+from tfpar.plan.config import Config
 from tfpar.errors import TfparError, summary
 from tfpar.plan import Plan
-from tfpar.density import measure_links, measure_rows
-from tfpar.planner import (aggregation_measured, auto_tiles, decide_aggregation,
+from tfpar.runtime.measure import measure_links, measure_rows
+from tfpar.plan.planner import (aggregation_measured, auto_tiles, decide_aggregation,
                             density_candidates, make_plan, route_by_density)
-from tfpar.resources import parse_resources, reconcile
-from tfpar.sharding import with_shard_values
+from tfpar.plan.layout import parse_resources, reconcile
+from tfpar.runtime.sharding import with_shard_values
 from tfpar.transform import stages, surgery
-from tfpar.transform.graph_copy import copy_graph, to_meta_graph
-from tfpar.transform.naming import safe_name
+from tfpar.graph.graph_copy import copy_graph, to_meta_graph
+from tfpar.graph.naming import safe_name
 from tfpar.transform.rewrite import rewrite
 from tfpar.transform.tiled import chains, predicted_bytes, tile_of, whole
 from tfpar.transform.traffic import PATHS, counters
@@ -58,8 +58,8 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     global _CALLS
     _CALLS += 1
     liveness.wait_for_arrival(_CALLS, config.liveness_timeout)  # before any collective
-    hvd = runtime.horovod()
-    layout = reconcile(requested, runtime.current_layout())
+    hvd = job.horovod()
+    layout = reconcile(requested, job.current_layout())
     if hvd.size() > 1 or config.run_mode != "AR":  # (a lone process may have a PS to watch)
         liveness.get_liveness(hvd.rank(), hvd.size(),
                               layout.hosts[layout.host_of_rank(hvd.rank())].name,
@@ -98,8 +98,8 @@ def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout) -> Pla
     if config.tiling != "auto":
         split = _with_tiles(plan, config.tiling)
         return with_chains(split.with_predicted(layer_bytes(split)))
-    from tfpar.mesh import DeviceMesh
-    from tfpar.partition.tiling.extract import extract
+    from tfpar.plan.mesh import DeviceMesh
+    from tfpar.graph.extract import extract
     from tfpar.partition.tiling.planner import plan_tiling
     slots = {h.slots for h in layout.hosts}
     devices = (DeviceMesh.hosts(len(layout.hosts), layout.hosts[0].slots, 1.25e9, 10e9)
@@ -147,16 +147,16 @@ def _partition_counts(meta, graph, analysis, config: Config, layout, density=Non
     step_ops = []  # the training step's ops, found at the first trial
 
     def run_trial(trial_counts):
-        step_ops[:] = step_ops or counts.training_step(graph, analysis)
+        step_ops[:] = step_ops or trials.training_step(graph, analysis)
         trial_config = dataclasses.replace(config, partitions={**_fixed(config), **trial_counts})
         trial = _start(meta, make_plan(analysis, trial_config, layout, density=density),
                        trial_config, layout, graph, trial=True)
         try:
-            return counts.timed_steps(trial, step_ops, config.search_feed, warmup, measured)
+            return trials.timed_steps(trial, step_ops, config.search_feed, warmup, measured)
         finally:
             trial.release()
 
-    config, decisions, _ = counts.resolve_counts(graph, meta, analysis, config, layout, first,
+    config, decisions, _ = trials.resolve_counts(graph, meta, analysis, config, layout, first,
                                                  run_trial)
     return config, decisions
 
@@ -168,17 +168,17 @@ def _fixed(config: Config) -> dict:
 def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
            trial: bool = False) -> "Runner":
     """Rewrites a copy of the graph for `plan`, starts its session, initialises it."""
-    hvd = runtime.horovod()
+    hvd = job.horovod()
     rank = hvd.rank()
     host = layout.hosts[layout.host_of_rank(rank)]
-    session_config = runtime.session_config(config.session_config, host.gpus)
+    session_config = job.session_config(config.session_config, host.gpus)
     rewritten = copy_graph(with_shard_values(meta, hvd.size(), rank))
     entries = checkpoint.entries_of(rewritten)  # the single-device model's variables
     cluster = ps = None
     live = liveness.current()
     stage = live.stage if live is not None else (lambda text: None)
     if plan.num_ps:
-        from tfpar.cluster import get_cluster  # only PS jobs start servers
+        from tfpar.runtime.cluster import get_cluster  # only PS jobs start servers
         stage("starting the parameter servers")
         cluster = get_cluster(layout, live, session_config, config.interface)
     try:
@@ -186,8 +186,8 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
         done = rewrite(rewritten, plan, rank,
                        f"tfpar/r{cluster.next_generation()}" if cluster else None)
         ps, tiled = done.ps, done.tiled
-        init = runtime.init_op(rewritten)
-        broadcast = runtime.broadcast_op(rewritten)
+        init = job.init_op(rewritten)
+        broadcast = job.broadcast_op(rewritten)
         session = tf.compat.v1.Session(
             target=cluster.target if cluster else "", graph=rewritten,
             config=cluster.session_config(session_config) if cluster else session_config)
@@ -206,7 +206,7 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
         session.run(broadcast)
         if ps is not None:
             stage("waiting for every worker to initialise (a Horovod collective)")
-            runtime.allgather_strings("initialised")  # no worker reads a PS part before this
+            job.allgather_strings("initialised")  # no worker reads a PS part before this
     except BaseException as e:
         session.close()
         if live:
@@ -362,7 +362,7 @@ class Runner:
                 values = checkpoint.read(prefix, entries)
             except (TfparError, tf.errors.OpError) as e:
                 status = f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
-        everyone = runtime.allgather_strings(status + "\0" + prefix)  # also a barrier
+        everyone = job.allgather_strings(status + "\0" + prefix)  # also a barrier
         status, prefix = everyone[0].split("\0", 1)
         if status:
             raise TfparError(f"restore from {path!r} failed on the chief: {status}")
@@ -376,7 +376,7 @@ class Runner:
             self._session.run(ops, feeds)
         if self._broadcast is not None:
             self._session.run(self._broadcast)
-        runtime.allgather_strings("restored")
+        job.allgather_strings("restored")
         return prefix
 
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
@@ -447,7 +447,7 @@ class Runner:
         mine = dict(zip(names, (float(v) for v in values)))
         if not mean_over_workers:
             return mine
-        everyone = [json.loads(s) for s in runtime.allgather_strings(json.dumps(mine))]
+        everyone = [json.loads(s) for s in job.allgather_strings(json.dumps(mine))]
         return {k: sum(d[k] for d in everyone) / len(everyone) for k in names}
 
     def tiles(self) -> Dict[str, dict]:
@@ -475,7 +475,7 @@ class Runner:
     def release(self):
         """Ends a search trial: frees its parameter-server state, then closes it."""
         if self._ps is not None and self._session is not None:
-            runtime.allgather_strings("trial done")  # every worker is done with the PS state
+            job.allgather_strings("trial done")  # every worker is done with the PS state
             if self.is_chief:
                 self._session.run(self._ps.release)
         self.close()

@@ -11,7 +11,7 @@ from typing import List
 import numpy as np
 import tensorflow as tf
 
-from tfpar.resources import Layout, job_layout
+from tfpar.plan.layout import Layout, job_layout
 from tfpar.transform import stages, traffic
 
 def horovod():

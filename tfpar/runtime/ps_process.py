@@ -1,6 +1,6 @@
 """One host's parameter-server process, as the worker that spawned it sees it.
 
-The host's first worker starts `python -m tfpar.ps_server` (job `ps`, task = host index),
+The host's first worker starts `python -m tfpar.runtime.ps_server` (job `ps`, task = host index),
 which dies with it. The job's liveness links watch the PS like a worker: the parent pings
 it, and names it when it dies or stops answering.
 """
@@ -16,7 +16,7 @@ import threading
 import time
 
 from tfpar.errors import TfparError
-from tfpar.liveness import Liveness
+from tfpar.runtime.liveness import Liveness
 
 START_TIMEOUT_S = 120
 
@@ -34,7 +34,7 @@ class PsProcess:
         for k in list(env):
             if k.startswith(("HOROVOD_", "OMPI_", "PMI_")):
                 env.pop(k)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tfpar.ps_server", spec],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tfpar.runtime.ps_server", spec],
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1)
         threading.Thread(target=self._report_death, daemon=True, name="tfpar-ps-watch").start()

@@ -169,7 +169,7 @@ def get_liveness(rank: int, size: int, host: str, liveness_timeout: float,
     """This process's liveness links, made by the first runner of the job (a collective)."""
     global _LIVENESS
     if _LIVENESS is None:
-        from tfpar import runtime
+        from tfpar.runtime import job
         hub, secret = None, ""
         address = job_address(host, interface)  # every rank checks Config.interface
         if rank == 0 and size > 1:  # a lone process watches only its PS
@@ -179,7 +179,7 @@ def get_liveness(rank: int, size: int, host: str, liveness_timeout: float,
             secret = secrets.token_hex(32)
         me = {"rank": rank, "host": host, "pid": os.getpid(),
               "hub": "%s:%d" % hub.getsockname() if hub else "", "secret": secret}
-        members = [json.loads(s) for s in runtime.allgather_strings(json.dumps(me))]
+        members = [json.loads(s) for s in job.allgather_strings(json.dumps(me))]
         _LIVENESS = Liveness(rank, members, members[0]["secret"], liveness_timeout,
                              step_deadline, hub, first_step_deadline)
     return _LIVENESS

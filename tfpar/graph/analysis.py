@@ -25,7 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
-from tfpar.table import format_table
+from tfpar.plan.graph_facts import (DEFAULT_GRADIENT_SCOPE, Gradient, GraphAnalysis,  # noqa: F401
+                                    PartitionInfo, Update, VariableInfo)
 
 VARIABLE_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
@@ -71,106 +72,6 @@ FUNCTIONAL = {  # op type -> (function attrs, offset of the first input passed t
 PASS_THROUGH = frozenset({"Enter", "RefEnter", "Switch", "RefSwitch", "Merge", "RefMerge",
                           "Identity", "RefIdentity", "NextIteration", "RefNextIteration"})
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "VariableShape", "Size", "Rank", "Const"})
-DEFAULT_GRADIENT_SCOPE = r"(^|/)gradients(_\d+)?/"
-
-
-@dataclasses.dataclass(frozen=True)
-class Gradient:
-    """The raw gradient of one update: a dense tensor, or the values and indices of IndexedSlices."""
-
-    kind: str  # "dense" | "sparse"
-    values: str  # tensor name
-    indices: Optional[str] = None  # tensor name, sparse only
-    post_processed: bool = False  # ops (clipping, scaling, ...) stand between it and the update
-    values_shape: Tuple[Optional[int], ...] = ()  # static shape of `values` (None: unknown dim)
-    # What the update ops read: the raw gradient after post-processing (= raw if none).
-    final_values: Optional[str] = None
-    final_indices: Optional[str] = None
-    # Sparse only: outputs of post-processing ops that sum the gradient's rows (a norm's
-    # L2Loss or reduce_sum): on a worker they see its rows only, so they are summed over
-    # workers. `inexact` names post-processing that per-worker rows cannot reproduce.
-    row_sums: Tuple[str, ...] = ()
-    inexact: Optional[str] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Update:
-    """One optimizer update of a variable: the ops that write it and its slots, and its gradient."""
-
-    ops: Tuple[str, ...]
-    op_types: Tuple[str, ...]
-    scope: str  # the optimizer's `.../update_<var>/` name scope, or "" for a lone op
-    gradient: Gradient
-    slots: Tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionInfo:
-    """Where a piece of a partitioned variable sits in the whole."""
-
-    full_name: str
-    full_shape: Tuple[int, ...]
-    offset: Tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class VariableInfo:
-    """One variable of the graph and everything tfpar needs to know about it."""
-
-    name: str  # op name, e.g. "dense/kernel" or "emb/part_0"
-    shape: Tuple[Optional[int], ...]
-    dtype: str
-    nbytes: Optional[int]
-    resource: bool
-    trainable: bool
-    role: str  # "trained" | "untrained" | "slot" | "optimizer_state" | "other"
-    updates: Tuple[Update, ...] = ()
-    slot_of: Optional[str] = None
-    partition: Optional[PartitionInfo] = None
-
-    @property
-    def kind(self) -> str:
-        """"dense", "sparse" or "none" (no gradient reaches it)."""
-        kinds = {u.gradient.kind for u in self.updates}
-        if not kinds:
-            return "none"
-        return "dense" if "dense" in kinds else "sparse"
-
-    @property
-    def slots(self) -> Tuple[str, ...]:
-        return tuple(dict.fromkeys(s for u in self.updates for s in u.slots))
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphAnalysis:
-    """Every variable of a graph with its role, gradient and updates; plus step and train ops."""
-
-    variables: Tuple[VariableInfo, ...]
-    global_step: Optional[str]
-    train_ops: Tuple[str, ...]
-    blockers: Tuple[Blocker, ...] = ()  # what tfpar cannot handle in this graph, each with its fix
-    batch_norms: Tuple[str, ...] = ()  # batch-norm ops in training mode (batch statistics)
-    unsynced_batch_norms: Tuple[str, ...] = ()  # batch statistics not taken globally
-
-    @property
-    def trained(self) -> Tuple[VariableInfo, ...]:
-        return tuple(v for v in self.variables if v.role == "trained")
-
-    def variable(self, name: str) -> VariableInfo:
-        for v in self.variables:
-            if v.name == name or v.name + ":0" == name:
-                return v
-        raise KeyError(name)
-
-    def table(self) -> str:
-        """A readable per-variable table."""
-        rows = [("variable", "shape", "dtype", "bytes", "role", "gradient", "update ops")]
-        for v in self.variables:
-            upd = ", ".join(sorted({t for u in v.updates for t in u.op_types})) or (
-                f"slot of {v.slot_of}" if v.slot_of else "-")
-            rows.append((v.name, _fmt_shape(v.shape), v.dtype, _fmt_int(v.nbytes), v.role,
-                         v.kind if v.role == "trained" else "-", upd))
-        return format_table(rows)
 
 
 def reachable(roots: Iterable[tf.Operation], neighbours) -> Set[tf.Operation]:
@@ -321,7 +222,7 @@ def analyse(graph_or_meta, gradient_scope: str = DEFAULT_GRADIENT_SCOPE,
     strict: raise one error listing every blocker found (else they are in `.blockers`).
     """
     if isinstance(graph_or_meta, tf.compat.v1.MetaGraphDef):
-        from tfpar.transform.graph_copy import copy_graph
+        from tfpar.graph.graph_copy import copy_graph
         graph = copy_graph(graph_or_meta)
     elif isinstance(graph_or_meta, tf.Graph):
         graph = graph_or_meta
@@ -716,11 +617,3 @@ def _update_scope(op_name: str, var_name: str) -> str:
             return op_name[:i + len(marker)]
         i = op_name.find(marker, i + 1)
     return ""
-
-
-def _fmt_shape(shape) -> str:
-    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
-
-
-def _fmt_int(n) -> str:
-    return "?" if n is None else f"{n:,}"
