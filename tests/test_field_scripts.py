@@ -10,7 +10,9 @@ besides (`assign(lr, new_lr)`'s result and the lr read back, a canned head's
 
 A cell tfpar does not support must end with a clear TfparError naming what to change
 (EXPECTED_ERRORS, documented in the README's table); every other cell must be equal.
-Cells of one TF behaviour and mode share one job (horovodrun); the single-device runs are
+The suite runs the 2-worker cells and PS with TF1 on 2 hosts x 2 (two servers: every
+sparse variable in two parts). Cells of one TF behaviour and mode share one job; a failed
+job is rerun script by script to say which failed. The single-device runs are
 made once per TF behaviour (the builders seed their initialisers, and every worker must
 start from exactly the single device's values: checked). `scripts/field_table.py` runs
 the whole table, 2 x 2 workers on two hosts included, and prints it.
@@ -61,6 +63,9 @@ def run_cells(out_dir, n, tf1, mode, reference_dir, scripts=SCRIPTS, hosts=None,
     clear error tfpar gave, or what differed}."""
     spec = _spec(out_dir, tf1, mode, scripts)
     proc = horovodrun(n, WORKER, spec, str(out_dir), hosts=hosts, timeout=timeout)
+    if proc.returncode != 0 and len(scripts) > 1:  # which script failed: each on its own
+        return {s: run_cells(os.path.join(str(out_dir), f"alone_{s}"), n, tf1, mode,
+                             reference_dir, [s], hosts, timeout)[s] for s in scripts}
     if proc.returncode != 0:
         return {s: "the job failed: " + proc.stdout[-3000:] for s in scripts}
     out = {}
@@ -132,3 +137,10 @@ CELLS = [(mode, tf1) for tf1 in (False, True) for mode in MODES]
                          ids=[f"{m.lower()}_{'tf1' if t else 'tf2'}_n2" for m, t in CELLS])
 def test_field_scripts_equal_single_device(tmp_path, references, mode, tf1):
     check_cells(run_cells(tmp_path, 2, tf1, mode, references(tf1, 2)), mode)
+
+
+def test_field_scripts_on_two_hosts_equal_single_device(tmp_path, references):
+    """PS mode, TF1 (reference variables), 2 hosts x 2 workers: two parameter servers, so
+    every sparse variable and its slots are in two parts, with local aggregation."""
+    check_cells(run_cells(tmp_path, 4, True, "PS", references(True, 4), hosts=TWO_HOSTS),
+                "PS")

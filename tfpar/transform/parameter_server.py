@@ -235,6 +235,8 @@ class _Rewriter:
                 # its shape is static, anything else reads the whole value.
                 read = c.outputs[0]
                 for x in list(read.consumers()):
+                    if x in skip:
+                        continue  # the update's own read (TF1's Adam: m * beta1): of its part
                     if x.type in _GATHERS and x.inputs[0] is read:
                         self._replace(x.outputs[0], self._gather(
                             v, x, f"tfpar/{scope_name(v.name)}/{x.type}/"))
@@ -649,12 +651,16 @@ class _Rewriter:
             orig_indices = self.final_indices[key]
             with tf.device(device):
                 mapping[orig_indices] = tf.cast(taken.indices, orig_indices.dtype)
+        ops = self._update_ops(v, i)
+        used = {t for op in ops for t in op.inputs}
         for p in [v] + self.slots[v.name]:
             handle = self.g.get_operation_by_name(p.name).outputs[0]
             part_var = self.parts[p.name][k]
             mapping[handle] = part_var.handle if self._resource(p) else part_var.op.outputs[0]
-        ops = self._update_ops(v, i)
-        used = {t for op in ops for t in op.inputs}
+            if not self._resource(p):  # a reference variable read by its `read` snapshot
+                for c in handle.consumers():
+                    if c.type == "Identity" and c.outputs[0] in used:
+                        mapping[c.outputs[0]] = part_var.value()
         # Inputs made under a control dependency on an earlier update (e.g. the learning
         # rate of an optimizer applied after another) are copied too, without that wait.
         members, stack = set(ops), list(ops)
