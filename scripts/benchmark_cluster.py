@@ -33,7 +33,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from tfpar.testing.launch import horovodrun_command  # noqa: E402
-from scripts.report import invocation, machine  # noqa: E402
+from scripts.report import invocation, machine, results_dir  # noqa: E402
 
 from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
@@ -247,13 +247,15 @@ def main():
     p.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--name", default="benchmark_cluster")
-    p.add_argument("--out", default=os.path.join(REPO, "docs"))
+    p.add_argument("--out", default=None,
+                   help="the report's folder (default: docs/results/<name>/)")
     p.add_argument("--merge", nargs="*", default=[], metavar="JSON",
                    help="earlier results of this script to show with this run's (a row of "
                    "this run replaces theirs for the same link, N, vocabulary and system)")
     p.add_argument("--render", metavar="JSON",
                    help="write the tables and plot of an earlier run's results; run nothing")
     args = p.parse_args()
+    args.out = args.out or results_dir(args.name)
     if args.render:
         with open(args.render) as f:
             done = json.load(f)

@@ -22,7 +22,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from tfpar.testing.launch import horovodrun_command  # noqa: E402
-from scripts.report import invocation, machine  # noqa: E402
+from scripts.report import invocation, machine, results_dir  # noqa: E402
 
 SYSTEMS = ("HYBRID", "AR", "horovod_sparse_as_dense", "PS")
 LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR (allgather)",
@@ -83,8 +83,10 @@ def main():
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--two-hosts", action="store_true", help="run N workers as two hosts of N/2 "
                    "(two parameter servers, local aggregation) instead of one host")
-    p.add_argument("--out", default=os.path.join(REPO, "docs"))
+    p.add_argument("--out", default=None,
+                   help="the report's folder (default: docs/results/<name>/)")
     args = p.parse_args()
+    args.out = args.out or results_dir("benchmark_lm_two_hosts" if args.two_hosts else "benchmark_lm")
     rows = []
     for n in args.workers:
         for vocab in args.vocabs:

@@ -19,7 +19,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from tfpar.testing.launch import run_for_json  # noqa: E402
-from scripts.report import invocation  # noqa: E402
+from scripts.report import invocation, results_dir  # noqa: E402
 
 SYSTEMS = ("tfpar", "horovod")
 
@@ -70,7 +70,8 @@ def run_job(cluster, system, hosts, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
-    p.add_argument("--out", default=os.path.join(REPO, "docs"))
+    p.add_argument("--out", default=None,
+                   help="the report's folder (default: docs/results/<name>/)")
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--steps", type=int, default=220)
@@ -80,6 +81,7 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
+    args.out = args.out or results_dir("benchmark_mlp")
     if args.worker:
         return worker(args.worker, args.steps, args.warmup, args.batch, tuple(args.hidden),
                       args.out)

@@ -17,7 +17,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from tfpar.testing.launch import horovodrun_command  # noqa: E402
 
-from scripts.report import invocation, machine  # noqa: E402
+from scripts.report import invocation, machine, results_dir  # noqa: E402
 
 
 def main():
@@ -26,8 +26,10 @@ def main():
     p.add_argument("--vocab", type=int, default=200_000)
     p.add_argument("--max-p", type=int, default=16)
     p.add_argument("--steps", type=int, default=60, help="timed steps per count")
-    p.add_argument("--out", default=os.path.join(REPO, "docs"))
+    p.add_argument("--out", default=None,
+                   help="the report's folder (default: docs/results/<name>/)")
     args = p.parse_args()
+    args.out = args.out or results_dir("benchmark_partitions")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         cmd, env = horovodrun_command(

@@ -25,7 +25,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from tfpar.testing.launch import run_for_json  # noqa: E402
-from scripts.report import invocation  # noqa: E402
+from scripts.report import invocation, results_dir  # noqa: E402
 
 MODELS = {
     # sizes (input, hidden..., output), global batch, loss
@@ -139,12 +139,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--model", choices=list(MODELS), help=argparse.SUPPRESS)
-    p.add_argument("--out", default=os.path.join(REPO, "docs"))
+    p.add_argument("--out", default=None,
+                   help="the report's folder (default: docs/results/<name>/)")
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
+    args.out = args.out or results_dir("benchmark_tiles")
     if args.worker:
         return worker(args.model, args.worker, args.steps, args.warmup, args.out)
     from scripts.report import machine

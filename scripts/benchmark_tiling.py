@@ -5,7 +5,7 @@
 Plans a 100-layer MLP (width 1024, batch 256) for 64 devices (target: under 1 s), the
 language-model example's graph for 8 devices (extraction included), and SoyBean's MLP
 (section 2.2) for 8 and 16 devices; compares each plan's bytes with SoyBean's plain
-recursion (one cut at a time); writes docs/benchmark_tiling.md.
+recursion (one cut at a time); writes docs/results/tiling/benchmark_tiling.md.
 """
 import datetime
 import os

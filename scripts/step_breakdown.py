@@ -9,7 +9,7 @@ op is put in a kind: Horovod collectives, parameter-server reads (the gathers on
 and their transfers), pushes (accumulator applies), the chief's take and update, the
 wait for the token, and the model's own compute. Per kind: the busy time in the step
 (union of its ops' intervals on all devices of the step) and the number of exchanges
-(cross-process transfers and collectives) per step. Writes docs/step_breakdown.md.
+(cross-process transfers and collectives) per step. Writes docs/results/step_breakdown/step_breakdown.md.
 """
 import argparse
 import datetime
@@ -23,7 +23,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from tfpar.testing.launch import horovodrun_command  # noqa: E402
-from scripts.report import invocation  # noqa: E402
+from scripts.report import invocation, results_dir  # noqa: E402
 
 KINDS = ("compute", "horovod", "ps_read", "push", "chief_take_apply", "token_wait",
          "transfer", "other_tfpar")
@@ -140,8 +140,10 @@ def main():
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--steps", type=int, default=30, help="untraced steps first")
     p.add_argument("--traced", type=int, default=10)
-    p.add_argument("--out", default=os.path.join(REPO, "docs"))
+    p.add_argument("--out", default=None,
+                   help="the report's folder (default: docs/results/<name>/)")
     args = p.parse_args()
+    args.out = args.out or results_dir("step_breakdown")
     if args.worker:
         return worker(args.worker, args.vocab, args.batch, args.steps, args.traced, args.result)
     from tfpar.testing.emulate import EmulatedCluster
