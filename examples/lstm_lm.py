@@ -115,6 +115,8 @@ def main():
     words = read_text(args.text, args.vocab) if args.text else zipf_text(args.vocab)
     graph, h = build_graph(words, vocab=args.vocab, num_steps=args.num_steps,
                            batch_size=args.batch)
+    if args.checkpoint_dir:  # made now if missing: a bad path fails here, not at a save
+        tfpar.checkpoint_folder(args.checkpoint_dir)
     config = tfpar.Config(run_mode=args.run_mode)
     with tfpar.get_runner(graph, config=config) as runner:               # tfpar line 2 of 2
         first = 0

@@ -114,15 +114,28 @@ def test_lstm_language_model_equals_single_device(tmp_path, case):
 
 
 def test_the_example_trains_saves_and_resumes(tmp_path):
-    """examples/lstm_lm.py on 2 workers: 4 steps saving every 2, then the same command with
-    more steps resumes from the latest checkpoint, at its global step."""
+    """examples/lstm_lm.py on 2 workers: 4 steps saving every 2 into a folder that does not
+    exist yet (made, as TF's MonitoredTrainingSession makes its checkpoint_dir), then the
+    same command with more steps resumes from the latest checkpoint, at its global step."""
+    folder = tmp_path / "new" / "lm"
     args = ["--vocab", "300", "--batch", "4", "--save-every", "2", "--checkpoint-dir",
-            str(tmp_path)]
+            str(folder)]
     script = os.path.join(REPO, "examples", "lstm_lm.py")
     first = horovodrun(2, script, "--steps", "4", *args, timeout=300)
     assert first.returncode == 0, first.stdout[-4000:]
-    assert "saved " + str(tmp_path / "model-4") in first.stdout
+    assert "saved " + str(folder / "model-4") in first.stdout
     second = horovodrun(2, script, "--steps", "6", *args, timeout=300)
     assert second.returncode == 0, second.stdout[-4000:]
-    assert f"resumed from {tmp_path / 'model-4'} at step 4" in second.stdout
+    assert f"resumed from {folder / 'model-4'} at step 4" in second.stdout
     assert "step 5: loss" in second.stdout and "step 0: loss" not in second.stdout
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    proc = horovodrun(2, os.path.join(REPO, "examples", "lstm_lm.py"), "--vocab", "300",
+                      "--steps", "2", "--checkpoint-dir", str(blocker / "lm"), timeout=300)
+    assert proc.returncode != 0
+    assert f"cannot use '{blocker / 'lm'}' as a checkpoint folder: a file is in the way" \
+        in proc.stdout, proc.stdout[-3000:]
+    assert "step 0: loss" not in proc.stdout  # before training

@@ -11,6 +11,7 @@ Public surface:
   partitioner(min_partitions, max_partitions) -> marks variables for a searched split
   Config, Plan, Runner, TfparError, NotYetSupportedError
   analyse(graph) -> GraphAnalysis (what tfpar sees in a graph; no cluster needed)
+  checkpoint_folder(path) -> path made if missing, or a clear error before training
 """
 import importlib.util as _importlib_util
 import os as _os
@@ -31,7 +32,8 @@ from tfpar.version import __version__  # noqa: E402
 # counts and tilings) imports without it.
 _LAZY = {"get_runner": "tfpar.runtime.runner", "Runner": "tfpar.runtime.runner", "shard": "tfpar.runtime.sharding",
          "partitioner": "tfpar.graph.partitioner", "analyse": "tfpar.graph.analysis",
-         "GraphAnalysis": "tfpar.graph.analysis"}
+         "GraphAnalysis": "tfpar.graph.analysis",
+         "checkpoint_folder": "tfpar.runtime.checkpoint"}
 
 
 def __getattr__(name):
@@ -44,4 +46,5 @@ def __getattr__(name):
 
 
 __all__ = ["get_runner", "shard", "partitioner", "Config", "Plan", "Runner", "TfparError",
-           "NotYetSupportedError", "analyse", "GraphAnalysis", "__version__"]
+           "NotYetSupportedError", "analyse", "GraphAnalysis", "checkpoint_folder",
+           "__version__"]

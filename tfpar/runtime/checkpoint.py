@@ -37,6 +37,23 @@ class Entry:
     dtype: str
 
 
+def checkpoint_folder(folder: str) -> str:
+    """`folder` made if missing (as TensorFlow's MonitoredTrainingSession does with its
+    checkpoint_dir); a TfparError naming it and why when it cannot be (a file in the way,
+    no permission). Returns its absolute path."""
+    folder = os.path.abspath(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(f"[Errno 13] Permission denied: {folder!r}")
+    except OSError as e:
+        why = ("a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError))
+               else e.strerror or str(e))
+        raise TfparError(f"cannot use {folder!r} as a checkpoint folder: {why}; give a folder "
+                         "that exists or can be created") from None
+    return folder
+
+
 def entries_of(graph: tf.Graph) -> Tuple[Entry, ...]:
     """What a default `Saver()` of `graph` saves: every global variable."""
     out = []

@@ -321,9 +321,7 @@ class Runner:
                             self._session.run([self._read(e.name) for e in tiled])))
         if not self.is_chief:
             return None
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise TfparError(f"cannot save to {path!r}: folder {folder!r} does not exist")
+        checkpoint.checkpoint_folder(os.path.dirname(os.path.abspath(path)))
         if global_step is None:
             step_name = self._plan.global_step
             global_step = (int(self._session.run(self._read(step_name))) if step_name
