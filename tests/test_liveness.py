@@ -101,7 +101,7 @@ def test_config_defaults_bound_every_wait():
 
 
 def test_closing_gives_the_process_its_excepthook_back():
-    script = ("import sys\nfrom tfpar import liveness as L\nbefore = sys.excepthook\n"
+    script = ("import sys\nfrom tfpar.runtime import liveness as L\nbefore = sys.excepthook\n"
               "live = L.Liveness(0, [{'rank': 0, 'host': 'h', 'pid': 1, 'hub': ''}], 's', 5.0,"
               " None)\nprint('installed', sys.excepthook is not before)\nlive.close()\n"
               "print('restored', sys.excepthook is before)\n")
