@@ -11,7 +11,7 @@ export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 status=0
 for selection in "not job" "job"; do
   echo "== tests: -m '$selection'"
-  "$ROOT/.venv/bin/python" -m pytest tests -m "$selection" -v -rA --timeout=900 "$@" || {
+  "$ROOT/.venv/bin/python" -m pytest tests -m "$selection" -v -rA --timeout=900 --durations=20 "$@" || {
     rc=$?
     # 5: nothing selected (e.g. -k matched only one kind); not a failure
     [ "$rc" -eq 5 ] || status=$rc
