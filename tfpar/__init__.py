@@ -12,6 +12,7 @@ Public surface:
   Config, Plan, Runner, TfparError, NotYetSupportedError
   analyse(graph) -> GraphAnalysis (what tfpar sees in a graph; no cluster needed)
   checkpoint_folder(path) -> path made if missing, or a clear error before training
+  MonitoredTrainingSession(checkpoint_dir, hooks, ...) -> TF1's training loop over tfpar
 """
 import importlib.util as _importlib_util
 import os as _os
@@ -33,7 +34,8 @@ from tfpar.version import __version__  # noqa: E402
 _LAZY = {"get_runner": "tfpar.runtime.runner", "Runner": "tfpar.runtime.runner", "shard": "tfpar.runtime.sharding",
          "partitioner": "tfpar.graph.partitioner", "analyse": "tfpar.graph.analysis",
          "GraphAnalysis": "tfpar.graph.analysis",
-         "checkpoint_folder": "tfpar.runtime.checkpoint"}
+         "checkpoint_folder": "tfpar.runtime.checkpoint",
+         "MonitoredTrainingSession": "tfpar.runtime.monitored"}
 
 
 def __getattr__(name):
@@ -47,4 +49,4 @@ def __getattr__(name):
 
 __all__ = ["get_runner", "shard", "partitioner", "Config", "Plan", "Runner", "TfparError",
            "NotYetSupportedError", "analyse", "GraphAnalysis", "checkpoint_folder",
-           "__version__"]
+           "MonitoredTrainingSession", "__version__"]

@@ -291,6 +291,7 @@ class _Analyser:
                     for s in u.slots:
                         slot_owner.setdefault(s, op.name)
             infos[op.name] = (op, trainable, part, updates)
+        blockers.extend(self._horovod_ops())
         result = []
         for name, (op, trainable, part, updates) in infos.items():
             if trainable:
@@ -320,6 +321,29 @@ class _Analyser:
         return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops,
                              tuple(blockers), training_batch_norms(self.graph),
                              unsynced_batch_norms(self.graph))
+
+    def _horovod_ops(self) -> List[Blocker]:
+        """Horovod's own collectives in the user's graph (a Horovod script's
+        DistributedOptimizer, broadcast_global_variables, allreduce): tfpar adds its own, so
+        each is a blocker that says which line to delete."""
+        fixes = {"HorovodAllreduce": "hvd.DistributedOptimizer(...) or hvd.allreduce(...): "
+                                     "use the plain optimizer",
+                 "HorovodGroupedAllreduce": "hvd.DistributedOptimizer(...): use the plain "
+                                            "optimizer",
+                 "HorovodAllgather": "hvd.allgather(...) (or DistributedOptimizer's sparse "
+                                     "path): use the plain optimizer",
+                 "HorovodBroadcast": "hvd.broadcast_global_variables(0) or "
+                                     "hvd.BroadcastGlobalVariablesHook(0): delete it (tfpar "
+                                     "broadcasts worker 0's variables itself)"}
+        out = []
+        for op in self.ops:
+            if op.type.startswith("Horovod"):
+                fix = fixes.get(op.type, "a Horovod call: delete it")
+                out.append(Blocker(op.name, f"{op.type} op {op.name!r} is Horovod's own "
+                                   f"collective, from {fix}; tfpar distributes the "
+                                   "single-device graph itself (README: from Horovod to "
+                                   "tfpar)"))
+        return out
 
     def _writers(self, var_op) -> List[Tuple[tf.Operation, int]]:
         """(op, input position) for every op that writes this variable."""

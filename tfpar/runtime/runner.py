@@ -15,7 +15,7 @@ from tfpar.runtime import checkpoint, job, liveness
 from tfpar.runtime import trials
 from tfpar.graph.analysis import analyse
 from tfpar.plan.config import Config
-from tfpar.errors import TfparError, summary
+from tfpar.errors import raise_blockers, TfparError, summary
 from tfpar.plan import Plan
 from tfpar.runtime.measure import measure_links, measure_rows
 from tfpar.plan.planner import (aggregation_measured, auto_tiles, decide_aggregation,
@@ -54,6 +54,9 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     meta = to_meta_graph(graph)
     source_graph = graph if isinstance(graph, tf.Graph) else copy_graph(meta)
     analysis = analyse(source_graph, config.gradient_scope, strict=False)
+    # A Horovod script's own collectives first: before anything runs the graph.
+    raise_blockers([b for b in analysis.blockers if b.subject in {
+        op.name for op in source_graph.get_operations() if op.type.startswith("Horovod")}])
 
     global _CALLS
     _CALLS += 1
@@ -470,6 +473,21 @@ class Runner:
         values = self._session.run([self._ps.pushes[k].read_value() for k in keys])
         return {k: int(v) for k, v in zip(keys, values)}
 
+    @property
+    def user_session(self):
+        """A session on the user's graph whose runs go through this runner (as `run`),
+        a Saver's save and restore through tfpar's checkpoint: what hooks and `init_fn`s
+        of `tfpar.MonitoredTrainingSession` get, and the default session of `as_default`."""
+        if self._source is None:
+            raise TfparError("this Runner was made from a MetaGraphDef: there is no user "
+                             "graph to make a session for")
+        return _UserSession(self, self._source)
+
+    def as_default(self):
+        """`with runner.as_default():` makes `tensor.eval()`, `op.run()` and
+        `tf.compat.v1.get_default_session()` run the user's graph through this runner."""
+        return surgery.default_session(self.user_session)
+
     def release(self):
         """Ends a search trial: frees its parameter-server state, then closes it."""
         if self._ps is not None and self._session is not None:
@@ -572,6 +590,12 @@ _RESTORE_OP = re.compile(r"(^|/)save(_\d+)?/restore_all$")
 _SAVE_OP = re.compile(r"(^|/)save(_\d+)?/control_dependency(_\d+)?$")
 
 
+def is_saver_op(name: str) -> bool:
+    """Whether `name` is a tf.compat.v1.train.Saver's save or restore op (or tensor)."""
+    op = name.split(":")[0]
+    return bool(_RESTORE_OP.search(op) or _SAVE_OP.search(op))
+
+
 class _SessionView(surgery.session_base()):
     """The runner's session as `tf.compat.v1.train.Saver` sees it (see Runner.session)."""
 
@@ -631,3 +655,34 @@ class _SessionView(surgery.session_base()):
 
     def __getattr__(self, name):
         return getattr(self._runner._session, name)
+
+
+class _UserSession(surgery.session_base()):
+    """What hooks, `init_fn` and the default session see: a session on the user's graph
+    whose runs go through the runner (a Saver's save and restore through tfpar's
+    checkpoint: the single-device model, PS parts put together)."""
+
+    def __init__(self, runner, graph):
+        self._runner, self._graph = runner, graph
+
+    graph = property(lambda self: self._graph)
+    sess_str = property(lambda self: "")
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        name = getattr(fetches, "name", fetches)
+        if isinstance(name, str) and is_saver_op(name):
+            feeds = {getattr(k, "name", k): v for k, v in (feed_dict or {}).items()}
+            return self._runner.session.run(name, feeds, options, run_metadata)
+        return self._runner.run(fetches, feed_dict, options, run_metadata)
+
+    def as_default(self):
+        return surgery.default_session(self)
+
+    def partial_run_setup(self, *args, **kwargs):
+        raise TfparError("partial_run is not supported through tfpar")
+
+    def partial_run(self, *args, **kwargs):
+        raise TfparError("partial_run is not supported through tfpar")
+
+    def close(self):
+        pass

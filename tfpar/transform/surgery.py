@@ -158,3 +158,10 @@ def session_base() -> type:
     """TensorFlow's session interface, for a session-like wrapper that Saver accepts."""
     from tensorflow.python.client import session  # pylint: disable=import-outside-toplevel
     return session.SessionInterface
+
+
+def default_session(session):
+    """A context in which `session` is the default session (`tensor.eval()`, `op.run()`,
+    `tf.compat.v1.get_default_session()`), as `Session.as_default()` makes one."""
+    from tensorflow.python.framework import stack  # pylint: disable=import-outside-toplevel
+    return stack.default_session(session)

@@ -1,0 +1,176 @@
+"""tfpar.MonitoredTrainingSession against TensorFlow's own, with real processes.
+
+Each job trains models.build's MLP with an embedding through tfpar.MonitoredTrainingSession
+with TF's standard hooks (StopAtStepHook, FeedFnHook feeding the rows of the global step,
+LoggingTensorHook, NanTensorHook, FinalOpsHook, and the session's own StepCounterHook and
+SummarySaverHook); the reference trains the same graph from the job's initial values
+through tf.compat.v1.train.MonitoredTrainingSession on one device with the concatenated
+batch. Variables (slots and step included) must agree within rtol 1e-5 and atol 1e-6 (fp32
+sums in another order); runs, stops, summary steps must be the same.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.launch import REPO, TESTS, horovodrun
+
+pytestmark = pytest.mark.job  # multi-process jobs (horovodrun)
+
+WORKER = os.path.join(TESTS, "workers", "monitored.py")
+RTOL, ATOL = 1e-5, 1e-6
+MODEL = {"optimizer": "adam", "sparse": True}
+PLAIN = {"name": "plain", "model": MODEL, "last_step": 6, "batch": 4, "save_steps": 3}
+STOP_ON_ONE = {"name": "stop_on_one", "model": MODEL, "last_step": 6, "batch": 4,
+               "stop_on": [1, 3]}
+
+
+def _spec(folder, scenarios, tf1=False):
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "spec.json")
+    with open(path, "w") as f:
+        json.dump({"tf1": tf1, "scenarios": scenarios}, f)
+    return path
+
+
+def job(folder, n, scenarios, tf1=False, hosts=None, expect_ok=True):
+    proc = horovodrun(n, WORKER, _spec(folder, scenarios, tf1), folder, hosts=hosts,
+                      timeout=300)
+    if expect_ok:
+        assert proc.returncode == 0, proc.stdout[-8000:]
+    return proc
+
+
+def reference(folder, n, scenarios, tf1=False):
+    """TF's own MonitoredTrainingSession on n workers' rows, from the job's initial values."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, WORKER, _spec(folder, scenarios, tf1), folder,
+                           "--single", str(n)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+
+
+def load(folder, name, who):
+    with open(os.path.join(folder, name, who + ".json")) as f:
+        record = json.load(f)
+    return record, np.load(os.path.join(folder, name, who + ".npz"))
+
+
+def assert_equal_to_reference(folder, name, n):
+    single, expected = load(folder, name, "single")
+    assert not single["error"], single["error"]
+    finals = [k for k in expected.files if k.startswith("final/")]
+    assert finals
+    for r in range(n):
+        record, got = load(folder, name, f"rank{r}")
+        assert not record["error"], record["error"]
+        assert record["runs"] == single["runs"], (record, single)
+        for k in finals:
+            np.testing.assert_allclose(got[k], expected[k], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{name}: {k} on worker {r}")
+    moved = [k for k in finals if not np.allclose(expected[k], expected["init/" + k[6:]])]
+    assert "final/w1" in moved
+    return single
+
+
+def summaries(folder):
+    """{tag: [steps]} of the events files in folder, and how many files there are."""
+    files = glob.glob(os.path.join(folder, "events.out.tfevents.*"))
+    steps = {}
+    for path in files:
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                steps.setdefault(value.tag, []).append(event.step)
+    return {k: sorted(v) for k, v in steps.items()}, len(files)
+
+
+@pytest.fixture(scope="module")
+def hybrid_tf2(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("monitored_hybrid_tf2"))
+    proc = job(folder, 2, [PLAIN, STOP_ON_ONE])
+    reference(folder, 2, [PLAIN, STOP_ON_ONE])
+    return folder, proc.stdout
+
+
+def test_monitored_training_equals_tfs_own_monitored_training(hybrid_tf2):
+    folder, output = hybrid_tf2
+    single = assert_equal_to_reference(folder, "plain", 2)
+    assert single["runs"] == PLAIN["last_step"]
+    for r in range(2):
+        record, got = load(folder, "plain", f"rank{r}")
+        assert int(got["final/global_step"]) == PLAIN["last_step"]
+        assert record["eval_step"] == PLAIN["last_step"]  # tensor.eval() under as_default
+        assert record["default_is_tfpar"]
+    # LoggingTensorHook logged the user's tensors on every worker.
+    assert output.count("logged loss") >= 2 * 3, output[-3000:]
+    # Checkpoints: every save_steps steps and at the end, TF's names, the latest restorable.
+    ckpt = tf.train.latest_checkpoint(os.path.join(folder, "plain", "checkpoints"))
+    assert ckpt.endswith("model.ckpt-6"), ckpt
+    reader = tf.train.load_checkpoint(ckpt)
+    _, got = load(folder, "plain", "rank0")
+    np.testing.assert_array_equal(reader.get_tensor("w1"), got["final/w1"])
+
+
+def test_summaries_are_written_by_the_chief_at_tfs_steps(hybrid_tf2):
+    folder, _ = hybrid_tf2
+    ours, files = summaries(os.path.join(folder, "plain", "checkpoints"))
+    theirs, _ = summaries(os.path.join(folder, "plain", "single"))
+    assert files == 1  # the chief alone writes (both workers share the folder here)
+    assert ours["train_loss"] == theirs["train_loss"], (ours, theirs)
+    assert ours["global_step/sec"] == theirs["global_step/sec"], (ours, theirs)
+    # TensorBoard's graph is the user's (the rewritten one has Horovod's ops).
+    path, = glob.glob(os.path.join(folder, "plain", "checkpoints", "events.out.tfevents.*"))
+    graphs = [tf.compat.v1.GraphDef.FromString(e.graph_def) for e in
+              tf.compat.v1.train.summary_iterator(path) if e.graph_def]
+    assert graphs and not any(n.op.startswith("Horovod") for n in graphs[0].node)
+    assert os.path.exists(os.path.join(folder, "plain", "checkpoints", "graph.pbtxt"))
+
+
+def test_a_stop_one_worker_requests_stops_every_worker_at_the_same_step(hybrid_tf2):
+    folder, _ = hybrid_tf2
+    single = assert_equal_to_reference(folder, "stop_on_one", 2)
+    assert single["runs"] == STOP_ON_ONE["stop_on"][1]
+    for r in range(2):
+        _, got = load(folder, "stop_on_one", f"rank{r}")
+        assert int(got["final/global_step"]) == STOP_ON_ONE["stop_on"][1]
+
+
+def test_ps_mode_tf1_on_two_hosts_equals_tfs_own_monitored_training(tmp_path):
+    folder = str(tmp_path)
+    sc = {**PLAIN, "config": {"run_mode": "PS"}, "model": {"optimizer": "adagrad",
+                                                           "sparse": True, "use_resource": False}}
+    job(folder, 4, [sc], tf1=True, hosts="localhost:2,127.0.0.1:2")
+    reference(folder, 4, [sc], tf1=True)
+    assert_equal_to_reference(folder, "plain", 4)
+
+
+def test_nan_loss_stops_every_worker_and_a_killed_job_resumes_exactly(tmp_path):
+    """NanTensorHook's error on worker 0 (its rows are NaN) reaches worker 1; then a job
+    killed at step 5 (after the checkpoint of step 3) is relaunched with the same
+    checkpoint_dir and ends equal to an uninterrupted run."""
+    folder = str(tmp_path)
+    nan = {**PLAIN, "name": "nan", "nan_at": 2}
+    killed = {**PLAIN, "name": "resumed", "die_at": 5}
+    proc = job(folder, 2, [nan, killed], expect_ok=False)
+    assert proc.returncode != 0
+    records = [load(folder, "nan", f"rank{r}")[0] for r in range(2)]
+    assert records[0]["error"].startswith("NanLossDuringTrainingError"), records[0]
+    assert records[1]["error"].startswith("TfparError") and "NanLoss" in records[1]["error"]
+    assert records[0]["runs"] == records[1]["runs"] == 2
+    checkpoints = os.path.join(folder, "resumed", "checkpoints")
+    assert tf.train.latest_checkpoint(checkpoints).endswith("model.ckpt-3")
+
+    job(folder, 2, [{**PLAIN, "name": "resumed"}, PLAIN])  # relaunched; and uninterrupted
+    for r in range(2):
+        record, got = load(folder, "resumed", f"rank{r}")
+        assert record["resumed_from"].endswith("model.ckpt-3"), record
+        assert record["runs"] == PLAIN["last_step"] - 3
+        _, uninterrupted = load(folder, "plain", f"rank{r}")
+        for k in (k for k in uninterrupted.files if k.startswith("final/")):
+            np.testing.assert_allclose(got[k], uninterrupted[k], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{k} on worker {r}")
