@@ -1,7 +1,8 @@
 """An LSTM language model as the field writes them, trained with tfpar, with checkpoints.
 
     horovodrun -np 2 -H localhost:2 python examples/lstm_lm.py --checkpoint-dir /tmp/lm
-    (kill it, run the same command again: it resumes from the latest checkpoint)
+    (kill it, run the same command again: it resumes from the latest checkpoint;
+    tensorboard --logdir /tmp/lm shows the loss and the step rate)
 
 The model of TensorFlow's PTB tutorial and of Parallax's LM example, unchanged for tfpar:
 a partitioned word embedding, dropout, an LSTM with a projection layer
@@ -9,8 +10,9 @@ a partitioned word embedding, dropout, an LSTM with a projection layer
 `tf.while_loop`), a `tf.compat.v1.layers.dense` layer, a sampled softmax over a
 partitioned softmax weight and bias, the loss scaled by the number of steps, every
 gradient clipped by their global norm (the embedding's included), Adagrad, and an
-exponential moving average of the LSTM's weights for evaluation. The two tfpar lines are
-marked. `--tf1` builds it as a TF1 script would after
+exponential moving average of the LSTM's weights for evaluation. Its training loop is
+TF1's `MonitoredTrainingSession` with hooks; the two tfpar lines are marked. `--tf1` builds
+it as a TF1 script would after
 `tf.compat.v1.disable_v2_behavior()` (reference variables, v1 control flow).
 
 Data: generated text whose word frequencies follow Zipf's law (see examples/lm.py), or
@@ -100,6 +102,7 @@ def main():
     parser.add_argument("--checkpoint-dir", help="save here, and resume from here if a "
                         "checkpoint is there")
     parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--log-every", type=int, default=20, help="a progress line every N steps")
     parser.add_argument("--tf1", action="store_true",
                         help="tf.compat.v1.disable_v2_behavior() first, as TF1 scripts do")
     args = parser.parse_args()
@@ -115,27 +118,44 @@ def main():
     words = read_text(args.text, args.vocab) if args.text else zipf_text(args.vocab)
     graph, h = build_graph(words, vocab=args.vocab, num_steps=args.num_steps,
                            batch_size=args.batch)
-    if args.checkpoint_dir:  # made now if missing: a bad path fails here, not at a save
-        tfpar.checkpoint_folder(args.checkpoint_dir)
     config = tfpar.Config(run_mode=args.run_mode)
-    with tfpar.get_runner(graph, config=config) as runner:               # tfpar line 2 of 2
-        first = 0
-        if args.checkpoint_dir and tf.train.latest_checkpoint(args.checkpoint_dir):
-            restored = runner.restore(args.checkpoint_dir)  # every worker calls it
-            first = int(runner.run(tf1.train.get_global_step(graph)))
-            if runner.is_chief:
-                print(f"resumed from {restored} at step {first}", flush=True)
-        start = time.time()
-        for step in range(first, args.steps):
-            loss, _ = runner.run([h["loss"], h["train_op"]])
-            if runner.is_chief and (step % 20 == 0 or step == args.steps - 1):
-                rate = (step - first + 1) / (time.time() - start)
-                print(f"step {step}: loss {loss:.3f} ({rate:.1f} steps/s)", flush=True)
-            if args.checkpoint_dir and (step + 1) % args.save_every == 0:
-                saved = runner.save(os.path.join(args.checkpoint_dir, "model"))
-                if saved:
-                    print(f"saved {saved}", flush=True)
+    with graph.as_default():
+        step = tf1.train.get_global_step()
+        tf1.summary.scalar("loss_per_step", h["loss"])  # TensorBoard: the chief's loss
+        hooks = [tf1.train.StopAtStepHook(last_step=args.steps)]
+        progress = Progress(h["loss"], step, every=args.log_every, examples_per_step=args.batch * int(
+            os.environ.get("HOROVOD_SIZE", "1")))
+        # tfpar line 2 of 2: TF's MonitoredTrainingSession, distributed. It restores the
+        # latest checkpoint of checkpoint_dir (made if missing), saves every save_every
+        # steps and at the end, and writes summaries for TensorBoard there.
+        with tfpar.MonitoredTrainingSession(
+                checkpoint_dir=args.checkpoint_dir, hooks=hooks, chief_only_hooks=[progress],
+                tfpar_config=config,
+                save_checkpoint_steps=args.save_every, save_summaries_steps=20) as sess:
+            if sess.resumed_from and sess.is_chief:
+                print(f"resumed from {sess.resumed_from} at step {sess.resumed_at}", flush=True)
+            while not sess.should_stop():
+                sess.run(h["train_op"])
 
+
+class Progress(tf1.train.SessionRunHook):
+    """The chief's progress line every `every` steps: loss, steps/s, examples/s."""
+
+    def __init__(self, loss, step, every, examples_per_step):
+        self.loss, self.step, self.examples, self.every = loss, step, examples_per_step, every
+        self.start = self.first = None
+
+    def before_run(self, run_context):
+        return tf1.train.SessionRunArgs([self.loss, self.step])
+
+    def after_run(self, run_context, run_values):
+        loss, step = run_values.results
+        if self.start is None:
+            self.start, self.first = time.time(), step
+        if step % self.every == 0 and step > self.first:
+            rate = (step - self.first) / (time.time() - self.start)
+            print(f"step {step}: loss {loss:.3f} ({rate:.1f} steps/s, "
+                  f"{rate * self.examples:.0f} examples/s)", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -174,3 +174,43 @@ def test_nan_loss_stops_every_worker_and_a_killed_job_resumes_exactly(tmp_path):
         for k in (k for k in uninterrupted.files if k.startswith("final/")):
             np.testing.assert_allclose(got[k], uninterrupted[k], rtol=RTOL, atol=ATOL,
                                        err_msg=f"{k} on worker {r}")
+
+
+MNIST = os.path.join(TESTS, "workers", "horovod_mnist.py")
+
+
+def test_a_horovod_script_runs_after_the_readmes_changes_and_restores_on_one_device(tmp_path):
+    """Horovod's tensorflow_mnist.py shape with the README's two changes trains on 2
+    workers (checkpoint_dir given on rank 0 only, as Horovod's scripts do); its checkpoint
+    restores into the plain single-device graph."""
+    folder, out = str(tmp_path / "checkpoints"), str(tmp_path / "final.npz")
+    proc = horovodrun(2, MNIST, folder, out, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert "loss = " in proc.stdout  # LoggingTensorHook
+    final = np.load(out)
+    assert int(final["global_step"]) == 6
+    sys.path.insert(0, os.path.dirname(MNIST))
+    try:
+        import horovod_mnist  # the same graph, on one device, with a plain Saver
+    finally:
+        sys.path.pop(0)
+    graph = tf.Graph()
+    with graph.as_default():
+        horovod_mnist.build()
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            saver.restore(sess, tf.train.latest_checkpoint(folder))
+            for v in tf.compat.v1.global_variables():
+                np.testing.assert_array_equal(sess.run(v), final[v.op.name], err_msg=v.op.name)
+
+
+def test_an_unchanged_horovod_script_is_refused_with_what_to_delete(tmp_path):
+    proc = horovodrun(2, MNIST, str(tmp_path / "c"), str(tmp_path / "f.npz"), "--unchanged",
+                      timeout=300)
+    assert proc.returncode != 0
+    assert "HorovodAllreduce op(s)" in proc.stdout, proc.stdout[-4000:]
+    assert "hvd.DistributedOptimizer(...)" in proc.stdout and "use the plain optimizer" \
+        in proc.stdout
+    assert "HorovodBroadcast op(s)" in proc.stdout and "hvd.broadcast_global_variables(0)" \
+        in proc.stdout
+    assert not os.path.exists(str(tmp_path / "f.npz"))

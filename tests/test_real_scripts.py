@@ -19,6 +19,7 @@ sampled softmax draws its classes from a fixed seed, so every worker and the sin
 device draw the same ones; dropout runs with keep_prob 1 (a different mask per worker
 cannot equal one device's).
 """
+import glob
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.launch import REPO, TESTS, horovodrun
 
@@ -118,16 +120,19 @@ def test_the_example_trains_saves_and_resumes(tmp_path):
     exist yet (made, as TF's MonitoredTrainingSession makes its checkpoint_dir), then the
     same command with more steps resumes from the latest checkpoint, at its global step."""
     folder = tmp_path / "new" / "lm"
-    args = ["--vocab", "300", "--batch", "4", "--save-every", "2", "--checkpoint-dir",
-            str(folder)]
+    args = ["--vocab", "300", "--batch", "4", "--save-every", "2", "--log-every", "1",
+            "--checkpoint-dir", str(folder)]
     script = os.path.join(REPO, "examples", "lstm_lm.py")
     first = horovodrun(2, script, "--steps", "4", *args, timeout=300)
     assert first.returncode == 0, first.stdout[-4000:]
-    assert "saved " + str(folder / "model-4") in first.stdout
+    assert tf.train.latest_checkpoint(str(folder)).endswith("model.ckpt-4")
+    assert "step 3: loss" in first.stdout
     second = horovodrun(2, script, "--steps", "6", *args, timeout=300)
     assert second.returncode == 0, second.stdout[-4000:]
-    assert f"resumed from {folder / 'model-4'} at step 4" in second.stdout
-    assert "step 5: loss" in second.stdout and "step 0: loss" not in second.stdout
+    assert f"resumed from {folder / 'model.ckpt-4'} at step 4" in second.stdout
+    assert "step 5: loss" in second.stdout and "step 3: loss" not in second.stdout
+    assert tf.train.latest_checkpoint(str(folder)).endswith("model.ckpt-6")
+    assert glob.glob(str(folder / "events.out.tfevents.*"))  # TensorBoard's summaries
 
 
 def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path):

@@ -335,14 +335,17 @@ class _Analyser:
                  "HorovodBroadcast": "hvd.broadcast_global_variables(0) or "
                                      "hvd.BroadcastGlobalVariablesHook(0): delete it (tfpar "
                                      "broadcasts worker 0's variables itself)"}
-        out = []
+        by_type: Dict[str, List[str]] = {}
         for op in self.ops:
             if op.type.startswith("Horovod"):
-                fix = fixes.get(op.type, "a Horovod call: delete it")
-                out.append(Blocker(op.name, f"{op.type} op {op.name!r} is Horovod's own "
-                                   f"collective, from {fix}; tfpar distributes the "
-                                   "single-device graph itself (README: from Horovod to "
-                                   "tfpar)"))
+                by_type.setdefault(op.type, []).append(op.name)
+        out = []
+        for kind, names in sorted(by_type.items()):
+            fix = fixes.get(kind, "a Horovod call: delete it")
+            some = ", ".join(repr(n) for n in names[:2]) + (", ..." if len(names) > 2 else "")
+            out.append(Blocker(names[0], f"{len(names)} {kind} op(s) ({some}): Horovod's own "
+                               f"collectives, from {fix}. tfpar distributes the single-device "
+                               "graph itself (README: from Horovod to tfpar)"))
         return out
 
     def _writers(self, var_op) -> List[Tuple[tf.Operation, int]]:

@@ -91,6 +91,9 @@ def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, hooks=None,  
                              "step: create it with tf.compat.v1.train.get_or_create_global_step() "
                              "before building the training op")
     runner = get_runner(graph, resources, tfpar_config)
+    # Horovod scripts pass checkpoint_dir on rank 0 only; every worker takes part in
+    # tfpar's restores and saves, so all take the chief's.
+    checkpoint_dir = job.allgather_strings(checkpoint_dir or "")[0] or None
     graph.finalize()  # as TF does: a hook that adds ops after begin() fails loudly
     return MonitoredSession(runner, graph, all_hooks, scaffold, checkpoint_dir,
                             save_checkpoint_steps, save_checkpoint_secs, max_to_keep)
@@ -173,13 +176,14 @@ class MonitoredSession:
         self._closed = False
         step = train.get_global_step(graph)
         self._step_tensor = step  # a variable: the runner reads its value
-        self.resumed_from = None
+        self.resumed_from = None  # the checkpoint restored at the start, if any
+        self.resumed_at = None  # and its global step
         with graph.as_default():
             if checkpoint_dir and tf.train.latest_checkpoint(checkpoint_dir):
                 self.resumed_from = runner.restore(checkpoint_dir)
-                if runner.is_chief:
-                    log.warning("tfpar: resumed from %s at step %d", self.resumed_from,
-                                self._global_step())
+                self.resumed_at = self._global_step()
+                log.info("tfpar: resumed from %s at step %d", self.resumed_from,
+                         self.resumed_at)
             elif scaffold.init_fn is not None:
                 scaffold.init_fn(scaffold, self._user_session)
             self._last_save = (self._global_step(), time.time())

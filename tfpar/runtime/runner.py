@@ -55,8 +55,8 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     source_graph = graph if isinstance(graph, tf.Graph) else copy_graph(meta)
     analysis = analyse(source_graph, config.gradient_scope, strict=False)
     # A Horovod script's own collectives first: before anything runs the graph.
-    raise_blockers([b for b in analysis.blockers if b.subject in {
-        op.name for op in source_graph.get_operations() if op.type.startswith("Horovod")}])
+    raise_blockers([b for b in analysis.blockers
+                    if source_graph.get_operation_by_name(b.subject).type.startswith("Horovod")])
 
     global _CALLS
     _CALLS += 1
