@@ -91,9 +91,12 @@ def main():
     parser.add_argument("--batch", type=int, default=32, help="images per worker per step")
     parser.add_argument("--data", help="an .npz with images and labels (default: generated)")
     parser.add_argument("--run-mode", default="HYBRID", choices=["HYBRID", "AR", "PS"])
+    parser.add_argument("--checkpoint-dir", help="save here (and TensorBoard's summaries), "
+                        "resume from here")
     parser.add_argument("--tf1", action="store_true",
                         help="tf.compat.v1.disable_v2_behavior() first, as TF1 scripts do")
     args = parser.parse_args()
+    tf1.logging.set_verbosity(tf1.logging.INFO)  # LoggingTensorHook's lines, as TF1 scripts
     if args.tf1:
         tf1.disable_v2_behavior()
     else:
@@ -109,23 +112,32 @@ def main():
                            data=(images[held_out:], labels[held_out:]),
                            batch_size=args.batch)
     config = tfpar.Config(run_mode=args.run_mode)
-    with tfpar.get_runner(graph, config=config) as runner:               # tfpar line 2 of 2
-        if runner.is_chief:
-            print(runner.plan, flush=True)
-        for step in range(1, args.steps + 1):
-            loss, _ = runner.run([h["loss"], h["train_op"]])
-            if step % 25 == 0 and runner.is_chief:
-                print(f"step {step}: loss {loss:.4f}", flush=True)
-        # Every worker evaluates: the batch norms' statistics are allreduced in the graph.
-        # Fed batch by batch (the dataset's batches have a static size).
-        b, correct = args.batch, 0.0
-        for lo in range(0, held_out - b + 1, b):
-            correct += b * runner.run(h["accuracy"], {h["images"]: images[lo:lo + b],
-                                                      h["labels"]: labels[lo:lo + b],
-                                                      h["is_training"]: False})
-        if runner.is_chief:
-            print(f"held-out accuracy {correct / (held_out // b * b):.3f} "
-                  "(moving averages)", flush=True)
+    with graph.as_default():
+        step = tf1.train.get_or_create_global_step()
+        tf1.summary.scalar("loss", h["loss"])
+        log = tf1.train.LoggingTensorHook({"step": step, "loss": h["loss"]}, every_n_iter=25,
+                                          formatter=lambda v: f"step {v['step']}: loss "
+                                                              f"{v['loss']:.4f}")
+        with tfpar.MonitoredTrainingSession(                             # tfpar line 2 of 2
+                checkpoint_dir=args.checkpoint_dir, tfpar_config=config,
+                hooks=[tf1.train.StopAtStepHook(last_step=args.steps)],
+                chief_only_hooks=[log]) as sess:
+            if sess.is_chief:
+                print(sess.runner.plan, flush=True)
+            while not sess.should_stop():
+                sess.run(h["train_op"])
+            # Every worker evaluates: the batch norms' statistics are allreduced in the
+            # graph. Fed batch by batch (the dataset's batches have a static size); through
+            # the runner, as these runs are not training steps for the hooks.
+            b, correct = args.batch, 0.0
+            for lo in range(0, held_out - b + 1, b):
+                correct += b * sess.runner.run(h["accuracy"], {
+                    h["images"]: images[lo:lo + b], h["labels"]: labels[lo:lo + b],
+                    h["is_training"]: False})
+            if sess.is_chief:
+                print(f"held-out accuracy {correct / (held_out // b * b):.3f} "
+                      "(moving averages)", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,7 @@ WORKER = os.path.join(TESTS, "workers", "monitored.py")
 RTOL, ATOL = 1e-5, 1e-6
 MODEL = {"optimizer": "adam", "sparse": True}
 PLAIN = {"name": "plain", "model": MODEL, "last_step": 6, "batch": 4, "save_steps": 3}
+WITH_USER_HOOKS = {**PLAIN, "name": "user_hooks", "extra_hooks": True}
 STOP_ON_ONE = {"name": "stop_on_one", "model": MODEL, "last_step": 6, "batch": 4,
                "stop_on": [1, 3]}
 
@@ -92,8 +93,8 @@ def summaries(folder):
 @pytest.fixture(scope="module")
 def hybrid_tf2(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("monitored_hybrid_tf2"))
-    proc = job(folder, 2, [PLAIN, STOP_ON_ONE])
-    reference(folder, 2, [PLAIN, STOP_ON_ONE])
+    proc = job(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS])
+    reference(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS])
     return folder, proc.stdout
 
 
@@ -114,6 +115,27 @@ def test_monitored_training_equals_tfs_own_monitored_training(hybrid_tf2):
     reader = tf.train.load_checkpoint(ckpt)
     _, got = load(folder, "plain", "rank0")
     np.testing.assert_array_equal(reader.get_tensor("w1"), got["final/w1"])
+
+
+def test_a_users_checkpoint_saver_and_profiler_hooks_work_through_tfpar(hybrid_tf2):
+    """CheckpointSaverHook's Saver writes tfpar's single-device checkpoint (restorable by a
+    plain Saver, at TF's steps); ProfilerHook writes the step's timeline."""
+    folder, _ = hybrid_tf2
+    assert_equal_to_reference(folder, "user_hooks", 2)
+    ours = os.path.join(folder, "user_hooks", "extra")
+    theirs = os.path.join(folder, "user_hooks", "single_extra")
+    state = tf.train.get_checkpoint_state(ours)
+    steps = sorted(int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths)
+    # (TF's list also names the session's own checkpoints: both hooks share one Saver.)
+    their_steps = sorted(int(p.rsplit("-", 1)[1]) for p in
+                         tf.train.get_checkpoint_state(theirs).all_model_checkpoint_paths
+                         if os.path.dirname(p) == theirs)
+    assert steps == their_steps, (steps, their_steps)
+    _, got = load(folder, "user_hooks", "rank0")
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(ours))
+    for name in ("w1", "emb", "global_step"):
+        np.testing.assert_array_equal(reader.get_tensor(name), got[f"final/{name}"])
+    assert glob.glob(os.path.join(ours, "timeline-*.json"))
 
 
 def test_summaries_are_written_by_the_chief_at_tfs_steps(hybrid_tf2):

@@ -6,7 +6,8 @@ usage: horovodrun -np N ... python monitored.py SPEC_JSON OUT_DIR [--single N]
 SPEC: {"tf1": bool, "scenarios": [{"name", "model": kwargs of models.build, "config":
 kwargs of tfpar.Config, "last_step", "batch" (rows per worker), "save_steps",
 "stop_on" [rank, run] (a hook on that rank alone requests a stop after that run),
-"nan_at" (worker 0's rows are NaN at that step), "die_at" (every worker exits with
+"nan_at" (worker 0's rows are NaN at that step), "extra_hooks" (the chief also has a
+CheckpointSaverHook and a ProfilerHook writing to <name>/extra), "die_at" (every worker exits with
 status 3 before that step, as a killed job)}]}.
 The input is indexed by the global step (a FeedFnHook), so a resumed job continues on
 the data it would have had. Writes OUT_DIR/<name>/rank<r>.npz (init/<var>: the values
@@ -92,11 +93,17 @@ def train(sc, n, rank, out, single, init=None):
                                              formatter=lambda v: f"logged loss {v['loss']:.6f}"
                                              f" at step {v['step']}"),
                  tf1.train.NanTensorHook(h["loss"]), final]
+        chief_only = []
+        if sc.get("extra_hooks"):  # a user's own CheckpointSaverHook and ProfilerHook
+            extra = os.path.join(out, sc["name"], "single_extra" if single else "extra")
+            chief_only = [tf1.train.CheckpointSaverHook(extra, save_steps=3),
+                          tf1.train.ProfilerHook(save_steps=3, output_dir=extra)]
         stop_on = sc.get("stop_on")
         if stop_on and (single or rank == stop_on[0]):
             hooks.append(StopOn(stop_on[1]))
         folder = os.path.join(out, sc["name"], "single" if single else "checkpoints")
-        kwargs = dict(checkpoint_dir=folder, hooks=hooks, save_checkpoint_steps=sc.get(
+        kwargs = dict(checkpoint_dir=folder, hooks=hooks, chief_only_hooks=chief_only,
+                      save_checkpoint_steps=sc.get(
             "save_steps", 1000), save_summaries_steps=2, log_step_count_steps=2)
         if init is not None:  # the reference starts from the job's initial values
             kwargs["scaffold"] = tf1.train.Scaffold(init_fn=lambda _, s: [
