@@ -27,6 +27,7 @@ RTOL, ATOL = 1e-5, 1e-6
 MODEL = {"optimizer": "adam", "sparse": True}
 PLAIN = {"name": "plain", "model": MODEL, "last_step": 6, "batch": 4, "save_steps": 3}
 WITH_USER_HOOKS = {**PLAIN, "name": "user_hooks", "extra_hooks": True}
+INPUT_ENDS = {"name": "input_ends", "rows": 12}  # 6 rows a worker, 2 a step: 3 steps
 STOP_ON_ONE = {"name": "stop_on_one", "model": MODEL, "last_step": 6, "batch": 4,
                "stop_on": [1, 3]}
 
@@ -93,7 +94,7 @@ def summaries(folder):
 @pytest.fixture(scope="module")
 def hybrid_tf2(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("monitored_hybrid_tf2"))
-    proc = job(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS])
+    proc = job(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS, INPUT_ENDS])
     reference(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS])
     return folder, proc.stdout
 
@@ -136,6 +137,16 @@ def test_a_users_checkpoint_saver_and_profiler_hooks_work_through_tfpar(hybrid_t
     for name in ("w1", "emb", "global_step"):
         np.testing.assert_array_equal(reader.get_tensor(name), got[f"final/{name}"])
     assert glob.glob(os.path.join(ours, "timeline-*.json"))
+
+
+def test_the_end_of_the_input_ends_training_cleanly_on_every_worker(hybrid_tf2):
+    folder, _ = hybrid_tf2
+    records = [load(folder, "input_ends", f"rank{r}") for r in range(2)]
+    for record, values in records:
+        assert not record["error"], record
+        assert record["runs"] == 3
+        assert int(values["final/global_step"]) == 3  # end() ran: FinalOpsHook's values
+    np.testing.assert_array_equal(records[0][1]["final/w"], records[1][1]["final/w"])
 
 
 def test_summaries_are_written_by_the_chief_at_tfs_steps(hybrid_tf2):
