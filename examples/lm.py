@@ -208,7 +208,7 @@ def main():
                    runner.plan.predicted_bytes_per_step,
                    "routes": {v.name: v.route for v in runner.plan.variables
                               if v.role == "trained"},
-                   "routing": runner.plan.routing,
+                   "routing": runner.plan.routing and runner.plan.routing.to_dict(),
                    "loss_first": float(np.mean(losses[:args.log_every])),
                    "loss_last": float(np.mean(losses[-args.log_every:]))}
         if runner.is_chief:

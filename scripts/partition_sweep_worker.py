@@ -35,7 +35,7 @@ def main(out, vocab, max_p, steps):
             if runner.is_chief:
                 with open(out, "w") as f:
                     json.dump({"vocab": vocab, "workers": runner.num_workers, "steps": steps,
-                               "sweep": sweep, "search": decision}, f, indent=2)
+                               "sweep": sweep, "search": decision.to_dict()}, f, indent=2)
 
 
 if __name__ == "__main__":

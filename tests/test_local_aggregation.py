@@ -24,6 +24,7 @@ import tfpar
 from tfpar.plan import routing
 from tfpar.graph.analysis import analyse
 from tfpar.errors import TfparError
+from tfpar.plan.measurements import Measurements
 from tfpar.plan.planner import decide_aggregation, make_plan
 from tfpar.plan.layout import parse_resources
 from tfpar.transform.parameter_server import sum_by_id
@@ -112,15 +113,16 @@ def test_the_plan_takes_the_measured_choice_and_says_why():
                            optimizer="adagrad")
     assert not plan.local_aggregation
     assert any("local aggregation not measured" in n for n in plan.notes)
-    for on in (True, False):
-        measured = routing.Routing(LINKS, {}, 3, routing.Aggregation(on, 1.0, 2.0, 1.0, "why"))
+    # What the job measured decides: many rows shared within a host pay, none does not.
+    for duplicates, on in ((1e6, True), (0.0, False)):
+        measured = Measurements(links=LINKS, duplicates={"emb": duplicates}, steps=3)
         plan = make_plan(analysis, tfpar.Config(local_aggregation="auto"),
-                         parse_resources("a:2,b:2"), density=measured)
+                         parse_resources("a:2,b:2"), measured)
         assert plan.local_aggregation is on
-        assert any(n.startswith(f"local aggregation {'on' if on else 'off'} (measured): why")
+        assert any(n.startswith(f"local aggregation {'on' if on else 'off'} (measured): ")
                    for n in plan.notes)
         assert tfpar.Plan.from_json(plan.to_json()) == plan
-        assert plan.routing["aggregation"]["on"] is on
+        assert plan.routing.aggregation.on is on
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])

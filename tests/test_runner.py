@@ -143,3 +143,30 @@ def test_assign_results_and_unmappable_fetches(built):
             runner._read(update.op.name)  # pylint: disable=protected-access
         with pytest.raises(tfpar.TfparError, match="cannot fetch 3"):
             runner.run(3)
+
+
+@pytest.mark.parametrize("config", [{}, {"run_mode": "AR"}, {"sparse_route": "auto"}],
+                         ids=["hybrid", "ar", "density_routing"])
+def test_get_runner_plans_once_and_leaves_the_config_as_given(monkeypatch, config):
+    """One pass: whatever get_runner measures goes into one Measurements value, make_plan
+    runs once on it, and the user's Config is not rewritten."""
+    from tfpar.runtime import runner as runner_module
+    calls = []
+    real = runner_module.make_plan
+
+    def counting(*args, **kwargs):
+        calls.append(args[3] if len(args) > 3 else kwargs.get("measured"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "make_plan", counting)
+    graph, h = models.build(sparse=True, optimizer="adagrad")
+    given = tfpar.Config(density_steps=1, search_feed=lambda step: data_feed(h), **config)
+    before = repr(given)
+    with tfpar.get_runner(graph, config=given) as runner:
+        runner.run(h["train_op"], feed_dict=data_feed(h))
+        assert len(calls) == 1, calls
+        assert repr(given) == before
+        measured_routes = calls[0].links is not None
+        assert measured_routes == (config.get("sparse_route") == "auto")
+        if measured_routes:  # the plan shows what was measured and chosen
+            assert set(runner.plan.routing.choices) == {"emb"}

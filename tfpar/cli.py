@@ -147,6 +147,7 @@ def main(argv=None):
     from tfpar.graph.analysis import DEFAULT_GRADIENT_SCOPE, analyse
     from tfpar.plan.config import Config
     from tfpar.errors import TfparError
+    from tfpar.plan.measurements import Measurements
     from tfpar.plan.planner import make_plan
     from tfpar.plan.layout import parse_resources
 
@@ -175,12 +176,10 @@ def main(argv=None):
                         partitions=args.partitions, search_cache=args.search_cache,
                         local_aggregation=not args.no_local_aggregation,
                         sparse_route=args.sparse_route)
-        result = make_plan(analysis, config, layout)
-        config, decisions, notes = trials.resolve_counts(
-            source, to_meta_graph(graph), analysis, config, layout, result,
+        measured, notes = trials.resolve_counts(
+            source, to_meta_graph(graph), analysis, config, layout, Measurements(),
             forget=args.forget_search)
-        if decisions:
-            result = make_plan(analysis, config, layout, decisions)
+        result = make_plan(analysis, config, layout, measured)
         if tiling is not None:
             result = result.with_tiling(tiling)
         print(result.to_json() if args.json else result.table())

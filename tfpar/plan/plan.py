@@ -9,9 +9,11 @@ import dataclasses
 import json
 from typing import Dict, Optional, Tuple
 
+from tfpar.partition.counts.search import GroupDecision
 from tfpar.partition.tiling.cuts import Tiling
 from tfpar.partition.tiling.tiling_plan import TilingPlan
 from tfpar.plan.layout import host_of_rank
+from tfpar.plan.routing import Routing
 from tfpar.plan.table import format_table
 
 ROUTES = ("allreduce", "allgather", "ps", "replicated", "tiled")
@@ -93,10 +95,10 @@ class Plan:
     notes: Tuple[str, ...] = ()
     local_aggregation: bool = False  # PS pushes combined per host first
     sync: bool = True  # False: each worker applies its own gradients on the PS at once
-    # {partitioner group: how its count was decided (GroupDecision.to_dict())}
-    partition_search: Optional[dict] = None
-    # density routing: {"links": ..., "choices": {variable: RouteChoice as dict}, "steps"}
-    routing: Optional[dict] = None
+    # {partitioner group: how its count was decided}
+    partition_search: Optional[Dict[str, GroupDecision]] = None
+    # density routing's links and choices, and local aggregation's (what was measured)
+    routing: Optional[Routing] = None
     # the tiling planner's result, whose weights' tilings the "tiled" variables carry
     tiling: Optional[TilingPlan] = None
     # training-mode batch norms normalised over the global batch (every worker's rows)
@@ -187,6 +189,9 @@ class Plan:
         for v, out in zip(self.variables, d["variables"]):
             out["tiling"] = None if v.tiling is None else str(v.tiling)
         d["tiling"] = self.tiling.to_dict() if self.tiling else None
+        d["routing"] = self.routing.to_dict() if self.routing else None
+        d["partition_search"] = None if self.partition_search is None else {
+            gid: g.to_dict() for gid, g in self.partition_search.items()}
         return d
 
     def to_json(self, indent: Optional[int] = 2) -> str:
@@ -206,7 +211,11 @@ class Plan:
         return cls(**{**d, "hosts": tuple(tuple(h) for h in d["hosts"]), "variables": variables,
                       "notes": tuple(d.get("notes", ())),
                       "batch_norms": tuple(d.get("batch_norms", ())),
-                      "tiling": TilingPlan.from_dict(d["tiling"]) if d.get("tiling") else None})
+                      "tiling": TilingPlan.from_dict(d["tiling"]) if d.get("tiling") else None,
+                      "routing": Routing.from_dict(d["routing"]) if d.get("routing") else None,
+                      "partition_search": None if d.get("partition_search") is None else {
+                          gid: GroupDecision.from_dict(g)
+                          for gid, g in d["partition_search"].items()}})
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
@@ -239,12 +248,11 @@ class Plan:
                          f"{'on' if self.local_aggregation else 'off'}")
         for gid, d in sorted((self.partition_search or {}).items()):
             how = {"searched": "searched in this job", "remembered": "remembered from an "
-                   "earlier search", "config": "set by tfpar.Config"}[d["source"]]
-            lines.append(f"partition count of {', '.join(d['variables'])}: P={d['partitions']} "
+                   "earlier search", "config": "set by tfpar.Config"}[d.source]
+            lines.append(f"partition count of {', '.join(d.variables)}: P={d.partitions} "
                          f"({how})")
-            if d.get("search"):
-                from tfpar.partition.counts.search import SearchResult
-                lines.append("  " + SearchResult.from_dict(d["search"]).describe())
+            if d.search:
+                lines.append("  " + d.search.describe())
         split = [v for v in self.variables if v.route == "tiled" and v.slot_of is None]
         if split:
             lines.append("split variables (Config.tiling), the tile each worker holds:")

@@ -10,8 +10,9 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from tfpar.plan import cost, routing
 from tfpar.plan.graph_facts import GraphAnalysis, VariableInfo
@@ -19,33 +20,27 @@ from tfpar.plan.config import Config
 from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
 from tfpar.plan import GradientPlan, PartPlan, Plan, VariablePlan
 from tfpar.plan.layout import Layout
+from tfpar.plan.measurements import Measurements
 
 # Sparse optimizer kernels: a sparse variable updated by anything else gets a dense update.
 _SPARSE_WRITERS_PREFIXES = ("ResourceSparseApply", "SparseApply", "ResourceScatter", "Scatter")
 
 
 def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
-              partition_search: Optional[dict] = None,
-              density: Optional[routing.Routing] = None) -> Plan:
+              measured: Optional[Measurements] = None) -> Plan:
     """Routes every variable of `analysis` for `config.run_mode` on `layout`.
 
-    partition_search: how the counts of `tfpar.partitioner` groups were decided (shown).
-    density: what density routing measured and chose (for sparse_route "auto" or a dict).
+    measured: what the job measured (tfpar.runtime.measure): with its links, density
+    routing chooses the routes of sparse_route "auto" variables and local aggregation
+    "auto" is decided; its partition counts split the partitioner's groups. Without it,
+    those choices fall back to their defaults and the plan says so.
     """
+    measured = measured or Measurements()
     n = layout.num_workers
     notes: List[str] = []
-    sparse_routes = _sparse_routes(analysis, config, density, notes)
-    sparse = [name for name, r in sparse_routes.items() if r == "ps"]
-    if config.run_mode == "HYBRID" and not sparse:
-        mode = "AR"
-        notes.append("no sparse variable: HYBRID runs as AR (dense allreduce)" if not sparse_routes
-                     else "no sparse variable on the parameter servers: HYBRID runs as AR")
-    else:
-        mode = config.run_mode
-    on_ps = {v.name for v in analysis.trained
-             if mode == "PS" or (mode == "HYBRID" and sparse_routes.get(v.name) == "ps")}
+    mode, on_ps, sparse_routes, density = _routes(analysis, config, layout, measured, notes)
     blockers: List[Blocker] = list(analysis.blockers)
-    parts = _parts(analysis, config, on_ps, len(layout.hosts), notes)
+    parts = _parts(analysis, config, measured.partitions, on_ps, len(layout.hosts), notes)
     variables = []
     for v in analysis.variables:
         try:
@@ -64,14 +59,22 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
         except TfparError as e:
             blockers.append(Blocker(v.name, str(e), isinstance(e, NotYetSupportedError)))
     raise_blockers(blockers)
+    plan = Plan(run_mode=config.run_mode, mode=mode, num_workers=n,
+                hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
+                global_step=analysis.global_step,
+                partition_search=dict(measured.partition_search) or None)
     wanted = config.local_aggregation
     if wanted == "auto" and on_ps and len(layout.hosts) > 1 and config.sync:
-        measured = density.aggregation if density is not None else None
-        wanted = bool(measured and measured.on)
+        decided = None
+        if density is not None and aggregation_measured(config, layout):
+            decided = decide_aggregation(plan, analysis, dict(measured.duplicates),
+                                         measured.links)
+            density = dataclasses.replace(density, aggregation=decided)
+        wanted = bool(decided and decided.on)
         notes.append("local aggregation " + ("not measured: off (it is measured in the job, by "
-                                             "get_runner)" if measured is None else
-                                             f"{'on' if measured.on else 'off'} (measured): "
-                                             f"{measured.reason}"))
+                                             "get_runner)" if decided is None else
+                                             f"{'on' if decided.on else 'off'} (measured): "
+                                             f"{decided.reason}"))
     local_aggregation = bool(on_ps) and bool(wanted) and len(layout.hosts) > 1
     if on_ps and wanted and not local_aggregation:
         notes.append("one host: local aggregation off (its PS is the only one; workers push "
@@ -96,12 +99,38 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                      "training=<a tensor>, or a mean named as tf.nn.moments's but not built "
                      "by it); fused batch norms, tf.nn.moments and Keras's training "
                      "tensor's tf.cond are normalised over the global batch")
-    return Plan(run_mode=config.run_mode, mode=mode, num_workers=n, sync=config.sync or not on_ps,
-                hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
-                global_step=analysis.global_step, notes=tuple(notes),
-                local_aggregation=local_aggregation, partition_search=partition_search,
-                routing=density.to_dict() if density is not None else None,
-                batch_norms=batch_norms)
+    return dataclasses.replace(plan, sync=config.sync or not on_ps, notes=tuple(notes),
+                               local_aggregation=local_aggregation, routing=density,
+                               batch_norms=batch_norms)
+
+
+def on_parameter_servers(analysis: GraphAnalysis, config: Config, layout: Layout,
+                         measured: Optional[Measurements] = None) -> Tuple[str, Set[str]]:
+    """The mode that runs and the variables `make_plan` puts on the parameter servers,
+    without the rest of the plan (what the job asks before it measures or searches)."""
+    mode, on_ps, _, _ = _routes(analysis, config, layout, measured or Measurements(), [])
+    return mode, on_ps
+
+
+def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: Measurements,
+            notes: List[str]):
+    """(the mode that runs, the variables on the parameter servers, {sparse variable:
+    route} in HYBRID, density routing's decision or None)."""
+    density = None
+    if measured.links is not None and measured.steps:  # rows measured: density routing
+        density = route_by_density(analysis, config, layout, dict(measured.alphas),
+                                   measured.links, measured.steps, dict(measured.sent_rows))
+    sparse_routes = _sparse_routes(analysis, config, density, notes)
+    sparse = [name for name, r in sparse_routes.items() if r == "ps"]
+    if config.run_mode == "HYBRID" and not sparse:
+        mode = "AR"
+        notes.append("no sparse variable: HYBRID runs as AR (dense allreduce)" if not sparse_routes
+                     else "no sparse variable on the parameter servers: HYBRID runs as AR")
+    else:
+        mode = config.run_mode
+    on_ps = {v.name for v in analysis.trained
+             if mode == "PS" or (mode == "HYBRID" and sparse_routes.get(v.name) == "ps")}
+    return mode, on_ps, sparse_routes, density
 
 
 def density_candidates(analysis: GraphAnalysis, config: Config) -> List[VariableInfo]:
@@ -291,14 +320,16 @@ def _values_bytes(v: VariableInfo) -> Optional[List[int]]:
     return out
 
 
-def _parts(analysis: GraphAnalysis, config: Config, on_ps, num_ps: int,
-           notes: List[str]) -> Dict[str, Tuple[PartPlan, ...]]:
-    """Row ranges of every PS variable, placed on PS tasks by bytes (largest first)."""
-    requested = config.partitions if isinstance(config.partitions, dict) else {}
+def _parts(analysis: GraphAnalysis, config: Config, searched: Dict[str, int], on_ps,
+           num_ps: int, notes: List[str]) -> Dict[str, Tuple[PartPlan, ...]]:
+    """Row ranges of every PS variable, placed on PS tasks by bytes (largest first).
+    searched: the counts the job decided for the partitioner's groups."""
+    requested = dict(config.partitions) if isinstance(config.partitions, dict) else {}
     unknown = sorted(set(requested) - {v.name for v in analysis.variables})
     if unknown:
         raise TfparError(f"Config.partitions names {', '.join(unknown)}, which the graph does "
                          "not have; give variable names as in tfpar.analyse(graph).table()")
+    requested.update(searched)
     ranges: Dict[str, List[Tuple[int, Optional[int]]]] = {}
     weights: Dict[str, int] = {}
     for v in analysis.trained:

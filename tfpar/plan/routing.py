@@ -126,6 +126,12 @@ class Routing:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Routing":
+        return cls(Links(**d["links"]) if d.get("links") else None,
+                   {k: RouteChoice(**c) for k, c in d["choices"].items()}, d.get("steps", 0),
+                   Aggregation(**d["aggregation"]) if d.get("aggregation") else None)
+
 
 def allreduce_bytes(c: Candidate, n: int) -> float:
     """Dense allreduce of the variable's summed gradient plus one count per row (the count

@@ -1,5 +1,7 @@
-"""Measuring what density routing needs, in the job, before the graph is rewritten.
+"""Measuring what planning needs, in the job, before the graph is rewritten.
 
+- `measure`: everything at once, as one `tfpar.plan.Measurements` value for `make_plan`
+  (nothing when no choice depends on a measurement).
 - `measure_rows`: the rows of each sparse variable one worker's step
   touches, the rows its gradients carry (duplicate ids included), and those the workers
   of one host touch in common, from a scratch copy of the
@@ -23,11 +25,35 @@ from tfpar.plan import cost
 
 from tfpar.runtime import job
 from tfpar.errors import TfparError
+from tfpar.plan.measurements import Measurements
+from tfpar.plan.planner import aggregation_measured, density_candidates, on_parameter_servers
 from tfpar.plan.routing import Links
 from tfpar.runtime.sharding import with_shard_values
 from tfpar.graph.graph_copy import copy_graph
 
 _PROBES = 0  # link probes of this process (their Horovod op names must differ)
+
+
+def measure(meta, analysis, config, layout) -> Measurements:
+    """What density routing (`sparse_route="auto"` or a dict), local aggregation ("auto")
+    and the tiling planner ("auto" on several hosts) need: the job's links and the rows
+    each sparse variable's gradients touch, carry, and share within a host. Empty when
+    none of them has anything to decide."""
+    candidates = density_candidates(analysis, config)
+    aggregation = aggregation_measured(config, layout) and bool(
+        candidates or on_parameter_servers(analysis, config, layout)[1])
+    if not candidates and not aggregation:
+        if config.tiling == "auto" and len(layout.hosts) > 1:  # the tiling mesh's host links
+            return Measurements(links=measure_links())
+        return Measurements()
+    rows_of = candidates if not aggregation else [
+        v for v in analysis.trained if v.kind == "sparse"]
+    alphas, duplicates, sent = measure_rows(meta, rows_of, config.density_steps,
+                                            config.search_feed,
+                                            layout.host_of_rank if aggregation else None)
+    return Measurements(links=measure_links(), steps=config.density_steps,
+                        alphas={v.name: alphas[v.name] for v in candidates}, sent_rows=sent,
+                        duplicates=duplicates)
 
 
 def measure_rows(meta, variables: Sequence, steps: int,

@@ -17,9 +17,9 @@ from tfpar.graph.analysis import analyse
 from tfpar.plan.config import Config
 from tfpar.errors import raise_blockers, TfparError, summary
 from tfpar.plan import Plan
-from tfpar.runtime.measure import measure_links, measure_rows
-from tfpar.plan.planner import (aggregation_measured, auto_tiles, decide_aggregation,
-                            density_candidates, make_plan, route_by_density)
+from tfpar.runtime.measure import measure
+from tfpar.plan.measurements import Measurements
+from tfpar.plan.planner import auto_tiles, make_plan
 from tfpar.plan.layout import parse_resources, reconcile
 from tfpar.runtime.sharding import with_shard_values
 from tfpar.transform import stages, surgery
@@ -30,6 +30,7 @@ from tfpar.transform.tiled import chains, predicted_bytes, tile_of, whole
 from tfpar.transform.traffic import PATHS, counters
 
 log = logging.getLogger("tfpar")
+WITHIN_HOST_BYTES_PER_S = 10e9  # the tiling mesh's links inside a host (not measured)
 _CALLS = 0  # get_runner calls of this process (each one a rendezvous of every rank)
 
 
@@ -51,13 +52,33 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     if not isinstance(config, Config):
         raise TfparError(f"config must be a tfpar.Config, got {type(config).__name__}")
     requested = parse_resources(resources)
-    meta = to_meta_graph(graph)
-    source_graph = graph if isinstance(graph, tf.Graph) else copy_graph(meta)
-    analysis = analyse(source_graph, config.gradient_scope, strict=False)
-    # A Horovod script's own collectives first: before anything runs the graph.
-    raise_blockers([b for b in analysis.blockers
-                    if source_graph.get_operation_by_name(b.subject).type.startswith("Horovod")])
+    meta, source, analysis = _read(graph, config)
+    layout = _join(requested, config)
+    measured = _partition_counts(meta, source, analysis, config, layout,
+                                 measure(meta, analysis, config, layout))
+    plan = make_plan(analysis, config, layout, measured)  # every decision, once
+    if config.tiling:
+        plan = _split(plan, config, source, analysis, layout, measured)
+    runner = _start(meta, plan, config, layout, graph if isinstance(graph, tf.Graph) else None)
+    if runner.is_chief:
+        log.info("%s", plan.table())
+    return runner
 
+
+def _read(graph, config: Config):
+    """(the MetaGraphDef, the user's tf.Graph, its analysis); a Horovod script's own
+    collectives are refused here, before anything runs the graph."""
+    meta = to_meta_graph(graph)
+    source = graph if isinstance(graph, tf.Graph) else copy_graph(meta)
+    analysis = analyse(source, config.gradient_scope, strict=False)
+    raise_blockers([b for b in analysis.blockers
+                    if source.get_operation_by_name(b.subject).type.startswith("Horovod")])
+    return meta, source, analysis
+
+
+def _join(requested, config: Config):
+    """Meets every rank (a clear error if one never comes), starts Horovod and the job's
+    liveness; returns the job's layout."""
     global _CALLS
     _CALLS += 1
     liveness.wait_for_arrival(_CALLS, config.liveness_timeout)  # before any collective
@@ -68,16 +89,7 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
                               layout.hosts[layout.host_of_rank(hvd.rank())].name,
                               config.liveness_timeout, config.step_deadline, config.interface,
                               config.first_step_deadline)
-    density = _measure(meta, analysis, config, layout)
-    config, decisions = _partition_counts(meta, source_graph, analysis, config, layout, density)
-    plan = make_plan(analysis, config, layout, decisions, density)
-    if config.tiling:
-        plan = _split(plan, config, source_graph, analysis, layout)
-    runner = _start(meta, plan, config, layout,
-                    graph if isinstance(graph, tf.Graph) else None)
-    if runner.is_chief:
-        log.info("%s", plan.table())
-    return runner
+    return layout
 
 
 def _with_tiles(plan: Plan, tiling) -> Plan:
@@ -88,9 +100,11 @@ def _with_tiles(plan: Plan, tiling) -> Plan:
         raise TfparError(f"Config.tiling: {e}") from None
 
 
-def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout) -> Plan:
+def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout,
+           measured: Measurements) -> Plan:
     """The plan with the weights Config.tiling splits (tiled route), and the bytes each
-    split layer will move."""
+    split layer will move. On several hosts, "auto" plans on a mesh whose host links are
+    the measured ones (the links within a host are taken as 10 GB/s: not measured)."""
     def layer_bytes(p):
         return predicted_bytes(graph, p)
 
@@ -105,8 +119,11 @@ def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout) -> Pla
     from tfpar.graph.extract import extract
     from tfpar.partition.tiling.planner import plan_tiling
     slots = {h.slots for h in layout.hosts}
-    devices = (DeviceMesh.hosts(len(layout.hosts), layout.hosts[0].slots, 1.25e9, 10e9)
-               if len(layout.hosts) > 1 and len(slots) == 1 else layout.num_workers)
+    devices = layout.num_workers
+    if len(layout.hosts) > 1 and len(slots) == 1 and measured.links is not None:
+        devices = DeviceMesh.hosts(len(layout.hosts), layout.hosts[0].slots,
+                                   1.0 / measured.links.per_byte_s, WITHIN_HOST_BYTES_PER_S,
+                                   measured.links.latency_s)
     try:
         flow = extract(graph, analysis, None, config.gradient_scope)
         planned = plan_tiling(flow.batch_times(layout.num_workers), devices)
@@ -116,56 +133,25 @@ def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout) -> Pla
     return with_chains(dataclasses.replace(split, tiling=planned, notes=split.notes + tuple(why)))
 
 
-def _measure(meta, analysis, config: Config, layout):
-    """What tfpar measures in the job before planning, and what it decides from it: density
-    routing's routes and local aggregation's choice (None when nothing is to be measured)."""
-    candidates = density_candidates(analysis, config)
-    aggregation = aggregation_measured(config, layout)
-    if aggregation and not candidates:  # the routes are known: are there parameter servers?
-        aggregation = bool(make_plan(analysis, config, layout).num_ps)
-    if not candidates and not aggregation:
-        return None
-    measured = candidates if not aggregation else [
-        v for v in analysis.trained if v.kind == "sparse"]
-    alphas, duplicates, sent = measure_rows(meta, measured, config.density_steps,
-                                            config.search_feed,
-                                            layout.host_of_rank if aggregation else None)
-    links = measure_links()
-    density = route_by_density(analysis, config, layout,
-                               {v.name: alphas[v.name] for v in candidates}, links,
-                               config.density_steps, sent)
-    if aggregation:
-        plan = make_plan(analysis, config, layout, density=density)
-        density = dataclasses.replace(
-            density, aggregation=decide_aggregation(plan, analysis, duplicates, links))
-    return density
-
-
-def _partition_counts(meta, graph, analysis, config: Config, layout, density=None):
-    """The config with the counts of `tfpar.partitioner` groups filled in (searched in this
-    job if need be), and how they were decided (for the plan)."""
-    first = make_plan(analysis, dataclasses.replace(config, partitions=None), layout,
-                      density=density)
-    warmup, measured = config.search_steps
+def _partition_counts(meta, graph, analysis, config: Config, layout,
+                      measured: Measurements) -> Measurements:
+    """`measured` with the counts of `tfpar.partitioner` groups (searched in this job by
+    timed trials, each planned and started with its candidate counts, if need be)."""
+    warmup, steps = config.search_steps
     step_ops = []  # the training step's ops, found at the first trial
 
     def run_trial(trial_counts):
         step_ops[:] = step_ops or trials.training_step(graph, analysis)
-        trial_config = dataclasses.replace(config, partitions={**_fixed(config), **trial_counts})
-        trial = _start(meta, make_plan(analysis, trial_config, layout, density=density),
-                       trial_config, layout, graph, trial=True)
+        candidate = dataclasses.replace(measured, partitions=trial_counts)
+        trial = _start(meta, make_plan(analysis, config, layout, candidate), config, layout,
+                       graph, trial=True)
         try:
-            return trials.timed_steps(trial, step_ops, config.search_feed, warmup, measured)
+            return trials.timed_steps(trial, step_ops, config.search_feed, warmup, steps)
         finally:
             trial.release()
 
-    config, decisions, _ = trials.resolve_counts(graph, meta, analysis, config, layout, first,
-                                                 run_trial)
-    return config, decisions
-
-
-def _fixed(config: Config) -> dict:
-    return dict(config.partitions) if isinstance(config.partitions, dict) else {}
+    return trials.resolve_counts(graph, meta, analysis, config, layout, measured,
+                                 run_trial)[0]
 
 
 def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],

@@ -23,24 +23,12 @@ import tensorflow as tf
 from tfpar.runtime import job
 from tfpar.errors import TfparError
 from tfpar.graph.partitioner import Group, marked_groups
-from tfpar.partition.counts.search import PartitionSearch, SearchResult
+from tfpar.partition.counts.search import GroupDecision, PartitionSearch, SearchResult
+from tfpar.plan.measurements import Measurements
+from tfpar.plan.planner import on_parameter_servers
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tfpar", "partitions")
 _TRIAL_STEP_TIMEOUT_MS = 120_000
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupDecision:
-    """How one group's count was decided: "searched", "remembered" or "config"."""
-
-    variables: Tuple[str, ...]
-    partitions: int
-    source: str
-    search: Optional[SearchResult] = None
-
-    def to_dict(self) -> dict:
-        return {"variables": list(self.variables), "partitions": self.partitions,
-                "source": self.source, "search": self.search.to_dict() if self.search else None}
 
 
 def check_groups(groups: Dict[str, Group], analysis, mode: str) -> None:
@@ -120,25 +108,26 @@ def decide(groups: Dict[str, Group], analysis, config, layout, key: str,
     return decisions
 
 
-def resolve_counts(graph, meta, analysis, config, layout, plan,
+def resolve_counts(graph, meta, analysis, config, layout, measured: Measurements,
                    run_trial: Optional[Callable[[Dict[str, int]], Optional[float]]] = None,
-                   forget: bool = False) -> Tuple[object, Optional[dict], List[str]]:
+                   forget: bool = False) -> Tuple[Measurements, List[str]]:
     """The partition counts of the graph's `tfpar.partitioner` groups, as the job uses them.
 
-    plan: the plan made without counts (its mode and routes say which marked variables are
-    on the parameter servers). run_trial: runs one timed trial (see `decide`); None (the
-    CLI) takes only a remembered search. Returns the config with the counts filled in,
-    {group: decision as a dict} (None when nothing was decided) and notes for the user.
+    measured: what the job measured so far (its routes say which marked variables are on
+    the parameter servers). run_trial: runs one timed trial (see `decide`); None (the CLI)
+    takes only a remembered search. Returns `measured` with the counts and how each was
+    decided (unchanged when there is nothing to decide), and notes for the user.
     """
+    mode, on_parameter_servers_ = on_parameter_servers(analysis, config, layout, measured)
     groups = marked_groups(graph)
-    check_groups(groups, analysis, plan.mode)
+    check_groups(groups, analysis, mode)
     # Groups that density routing sent to allreduce have no partition count to decide.
     groups = {gid: dataclasses.replace(g, variables=on_ps) for gid, g in groups.items()
-              for on_ps in [tuple(n for n in g.variables if plan.variable(n).route == "ps")]
+              for on_ps in [tuple(n for n in g.variables if n in on_parameter_servers_)]
               if on_ps}
-    if not groups or plan.mode not in ("HYBRID", "PS"):
-        return config, None, []
-    key = cache_key(meta, analysis, layout, groups, plan.mode)
+    if not groups or mode not in ("HYBRID", "PS"):
+        return measured, []
+    key = cache_key(meta, analysis, layout, groups, mode)
     notes = []
     if forget and os.path.exists(cache_path(config, key)):
         os.remove(cache_path(config, key))
@@ -148,13 +137,11 @@ def resolve_counts(graph, meta, analysis, config, layout, plan,
     else:
         decisions = remembered(config, key, groups)
         if not decisions:
-            return config, None, notes + [
+            return measured, notes + [
                 "the partition count of the tfpar.partitioner variables is searched when the "
                 "job starts (none remembered for this graph and layout)"]
     counts = {n: d.partitions for d in decisions.values() for n in d.variables}
-    fixed = dict(config.partitions) if isinstance(config.partitions, dict) else {}
-    config = dataclasses.replace(config, partitions={**fixed, **counts})
-    return config, {gid: d.to_dict() for gid, d in decisions.items()}, notes
+    return dataclasses.replace(measured, partitions=counts, partition_search=decisions), notes
 
 
 def timed_steps(runner, fetches, feed: Optional[Callable[[int], dict]], warmup: int,

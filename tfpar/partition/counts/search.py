@@ -167,3 +167,23 @@ def _fit(samples) -> Tuple[float, float, float]:
     a = np.stack([np.ones_like(p), 1.0 / p, p], axis=1)
     theta, *_ = np.linalg.lstsq(a, t, rcond=None)
     return tuple(float(x) for x in theta)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupDecision:
+    """How one `tfpar.partitioner` group's count was decided: "searched", "remembered" or
+    "config"."""
+
+    variables: Tuple[str, ...]
+    partitions: int
+    source: str
+    search: Optional[SearchResult] = None
+
+    def to_dict(self) -> dict:
+        return {"variables": list(self.variables), "partitions": self.partitions,
+                "source": self.source, "search": self.search.to_dict() if self.search else None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GroupDecision":
+        return cls(tuple(d["variables"]), d["partitions"], d["source"],
+                   SearchResult.from_dict(d["search"]) if d.get("search") else None)
