@@ -10,8 +10,9 @@ besides (`assign(lr, new_lr)`'s result and the lr read back, a canned head's
 
 A cell tfpar does not support must end with a clear TfparError naming what to change
 (EXPECTED_ERRORS, documented in the README's table); every other cell must be equal.
-The suite runs the 2-worker cells and PS with TF1 on 2 hosts x 2 (two servers: every
-sparse variable in two parts). Cells of one TF behaviour and mode share one job; a failed
+The suite runs every mode on 2 workers (HYBRID with TF1, PS and AR with TF2; all six with
+TFPAR_LONG_TESTS=1) and PS with TF1 on 2 hosts x 2 (two servers: every sparse variable in
+two parts). Cells of one TF behaviour and mode share one job; a failed
 job is rerun script by script to say which failed. The single-device runs are
 made once per TF behaviour (the builders seed their initialisers, and every worker must
 start from exactly the single device's values: checked). `scripts/field_table.py` runs
@@ -130,7 +131,12 @@ def references(tmp_path_factory):
     return get
 
 
-CELLS = [(mode, tf1) for tf1 in (False, True) for mode in MODES]
+# The suite: every mode once and both TF behaviours, 2 workers (and PS with TF1 on 2 x 2
+# below); TFPAR_LONG_TESTS=1 (scripts/long_tests.sh) runs every mode with both, and
+# `python -m scripts.field_table` the whole table.
+CELLS = [(mode, tf1) for tf1 in (False, True) for mode in MODES
+         if os.environ.get("TFPAR_LONG_TESTS") or (mode, tf1) in (
+             ("HYBRID", True), ("PS", False), ("AR", False))]
 
 
 @pytest.mark.parametrize("mode,tf1", CELLS,
