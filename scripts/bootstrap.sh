@@ -36,7 +36,7 @@ if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
 fi
 
 # The emulated cluster (tfpar/testing/emulate.py: network namespaces, tc, one sshd per host) used by
-# tests/test_emulated_hosts.py and scripts/benchmark_cluster.py.
+# tests/jobs/test_emulated_hosts.py and scripts/benchmark_cluster.py.
 if ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ] || ! command -v tc >/dev/null \
     || ! command -v unshare >/dev/null; then
   log "installing openssh-server, iproute2 and util-linux (for the emulated cluster)"

@@ -1,6 +1,6 @@
 """The README's table of field scripts: every script x mode x TF2/TF1 x {2 workers, 2 x 2 on
-two hosts}, each equal to single-device training or a clear error (tests/field_scripts.py;
-the suite runs the 2-worker cells in tests/test_field_scripts.py).
+two hosts}, each equal to single-device training or a clear error (tests/support/field_scripts.py;
+the suite runs the 2-worker cells in tests/jobs/test_field_scripts.py).
 
     .venv/bin/python -m scripts.field_table [--out docs/field_scripts.md]
 
@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 
-from tests import test_field_scripts as table
+from tests.jobs import test_field_scripts as table
 
 LAYOUTS = {"2 workers": (2, None), "2 x 2": (4, table.TWO_HOSTS)}
 

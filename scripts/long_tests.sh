@@ -9,4 +9,4 @@ bash "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 TFPAR_LONG_TESTS=1
 exec "$ROOT/.venv/bin/python" -m pytest tests/transform/test_tiled_rewrite.py \
-  tests/test_field_scripts.py -m job -v -rA --timeout=900 "$@"
+  tests/jobs/test_field_scripts.py -m job -v -rA --timeout=900 "$@"

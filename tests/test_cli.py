@@ -5,7 +5,7 @@ import sys
 
 import tensorflow as tf
 
-from tests.launch import REPO
+from tests.support.launch import REPO
 from tfpar.plan import Plan
 
 TFPAR = os.path.join(os.path.dirname(sys.executable), "tfpar")

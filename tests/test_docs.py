@@ -7,7 +7,7 @@ import os
 import re
 
 import tfpar
-from tests.launch import REPO
+from tests.support.launch import REPO
 
 LINK = re.compile(r"\[[^\]]+\]\(([^)\s]+)\)")
 

@@ -1,0 +1,119 @@
+"""Density routing in real jobs: the dense allreduce and allgather routes of a sparse
+gradient equal single-device training (2 workers, and 2 hosts x 2 workers), alone and
+beside variables on the parameter servers (rtol=1e-5, atol=1e-6, 4 steps, as
+test_equivalence); the LM example on 2 local workers routes a small vocabulary (alpha
+~0.5) to allreduce and a large one (alpha ~0.003) to allgather (on slow emulated links, to
+the parameter servers: test_emulated_hosts). The decision itself:
+tests/plan/test_density_routing.py.
+"""
+import dataclasses
+import json
+import os
+
+import pytest
+
+from tests.support import models
+from tests.support.launch import REPO, horovodrun, job_results
+from tests.support.reference import equal_single_device_tests
+
+import tfpar
+from tfpar.plan import routing
+from tfpar.errors import TfparError
+from tfpar.plan.layout import parse_resources
+
+STEPS, BATCH = 4, 8
+TWO_HOSTS = "localhost:2,127.0.0.1:2"
+
+
+def sc(name, optimizer, config, partitions=2, **extra):
+    model = {"optimizer": optimizer, "emb_partitions": partitions, "shared_embedding": True}
+    return {"name": name, "model": {**model, **extra.pop("model", {})}, "config": config,
+            "steps": STEPS, "batch": BATCH, "vocab": models.PS_VOCAB, **extra}
+
+
+ALL = {"sparse_route": "allreduce"}
+SCENARIOS_2 = [
+    sc("allreduce_sgd", "sgd", ALL),
+    sc("allreduce_momentum", "momentum", ALL, partitions=3),
+    sc("allreduce_adam", "adam", ALL, partitions=1),
+    sc("allreduce_adagrad_sum", "adagrad", {**ALL, "average_dense": False,
+                                            "average_sparse": False},
+       model={"reduce": "sum"}),
+    sc("mixed_momentum", "momentum", {"sparse_route": {"emb/part_0": "ps",
+                                                       "shared": "allreduce"}},
+       feed_trials=True),
+    sc("auto_adagrad", "adagrad", {"sparse_route": "auto"}, feed_trials=True),
+    sc("allgather_adam_clip", "adam", {"sparse_route": "allgather"},
+       model={"clip": 0.05}),
+]
+SCENARIOS_4 = [
+    sc("allreduce_adam", "adam", ALL, partitions=3),
+    sc("mixed_adagrad", "adagrad", {"sparse_route": {"emb/part_0": "ps", "emb/part_1": "ps",
+                                                     "shared": "allreduce"}}),
+    sc("mixed_momentum_allgather", "momentum",
+       {"sparse_route": {"emb/part_0": "ps", "shared": "allgather"}}, partitions=3,
+       feed_trials=True),
+]
+
+results2 = job_results("results2", "density2", 2, SCENARIOS_2)
+
+results4 = job_results("results4", "density4", 4, SCENARIOS_4, TWO_HOSTS)
+
+
+def _check_routes(ranks, scenario):
+    plan = json.loads(str(ranks[0]["plan"]))
+    routes = {v["name"]: v["route"] for v in plan["variables"]}
+    setting = scenario["config"]["sparse_route"]
+    sparse = [v["name"] for v in plan["variables"] if v["kind"] == "sparse"
+              and v["role"] == "trained"]
+    assert len(sparse) == scenario["model"]["emb_partitions"] + 1
+    forced = setting if isinstance(setting, dict) else {
+        n: setting for n in sparse if setting != "auto"}
+    used = {routes[n] for n in sparse}
+    for name in sparse:
+        if name in forced:
+            assert routes[name] == forced[name], (name, routes[name])
+            continue
+        choice = plan["routing"]["choices"][name]
+        assert routes[name] == choice["route"], (name, routes[name], choice)
+        assert 0 < choice["alpha"] < 0.875, choice
+        t = {r: choice[f"{r}_s"] for r in ("ps", "allreduce", "allgather")}
+        fastest = min(t, key=t.get)
+        if routes[name] != fastest:  # only a kind of route not paid for is passed over
+            assert fastest not in used and "less than" in choice["reason"], choice
+        if "ps" not in forced.values():  # tiny variables: savings cannot pay the protocol
+            assert routes[name] != "ps", choice
+    comm = json.loads(str(ranks[0]["communication"]))
+    if all(routes[n] != "ps" for n in sparse):
+        assert plan["mode"] == "AR" and comm["ps_push"] == 0 and comm["ps_pull"] == 0
+    else:
+        assert plan["mode"] == "HYBRID" and comm["ps_push"] > 0
+    assert comm["allreduce"] > 0
+    assert (comm["allgather"] > 0) == any(routes[n] == "allgather" for n in sparse)
+
+
+test_two_workers_equal_single_device, test_two_hosts_of_two_workers_equal_single_device = \
+    equal_single_device_tests(SCENARIOS_2, SCENARIOS_4, also=_check_routes)
+
+
+# -- the LM example: measured alpha decides -----------------------------------------------------
+@pytest.mark.parametrize("vocab,route", [(300, "allreduce"), (100_000, "allgather")])
+def test_lm_routes_by_measured_density(tmp_path, vocab, route):
+    out = tmp_path / "summary.json"
+    proc = horovodrun(2, os.path.join(REPO, "examples", "lm.py"), "--steps", "12",
+                      "--warmup", "2", "--log-every", "5", "--vocab", str(vocab),
+                      "--partitions", "1", "--sparse-route", "auto", "--json", str(out),
+                      timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    summary = json.loads(out.read_text())
+    sparse = ("embedding", "softmax/weights", "softmax/bias")
+    assert {summary["routes"][n] for n in sparse} == {route}
+    alphas = [summary["routing"]["choices"][n]["alpha"] for n in sparse]
+    moved = summary["bytes_per_step"]
+    assert moved["ps_pull"] == 0 and moved["ps_push"] == 0  # no parameter server
+    if route == "allgather":  # few rows on one host: the protocol would cost more
+        assert max(alphas) < 0.05 and moved["allgather"] > 0
+    else:
+        assert min(alphas) > 0.2 and moved["allgather"] == 0
+    links = summary["routing"]["links"]
+    assert links["latency_s"] > 0 and links["per_byte_s"] > 0

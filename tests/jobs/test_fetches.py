@@ -1,0 +1,53 @@
+"""Runner.run fetches and feeds whatever a plain tf.compat.v1.Session does, with its results
+(tests/support/workers/fetches.py): assign-family results of resource (TF2) and reference (TF1)
+variables on a replicated, an allreduced and a parameter-server variable, `tf.group`, an
+assignment's op, IndexedSlices, SparseTensor and string fetches, in HYBRID and PS modes
+on 2 workers. Values agree within fp32 rounding (rtol 1e-6)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.support.launch import WORKERS, horovodrun
+
+
+
+def _same(got, want, where):
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), (where, got, want)
+        for k in want:
+            _same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list) and want and isinstance(want[0], str):
+        assert got == want, where
+    elif isinstance(want, list) and np.array(want, dtype=object).ndim == 1 and any(
+            isinstance(w, list) for w in want):  # a list of differently shaped values
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            _same(a, b, f"{where}[{i}]")
+    elif want is None or isinstance(want, str):
+        assert got == want, (where, got, want)
+    else:
+        np.testing.assert_allclose(np.array(got, dtype=float), np.array(want, dtype=float),
+                                   rtol=1e-6, err_msg=where)
+
+
+@pytest.mark.parametrize("tf1", [False, True], ids=["tf2", "tf1"])
+def test_fetches_equal_a_plain_session(tmp_path, tf1):
+    proc = horovodrun(2, os.path.join(WORKERS, "fetches.py"), str(tmp_path),
+                      *(["--tf1"] if tf1 else []), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    for mode, routes in (("HYBRID", {"emb": "ps", "w": "allreduce"}),
+                         ("PS", {"emb": "ps", "w": "ps"})):
+        for rank in range(2):
+            with open(tmp_path / mode / f"rank{rank}.json") as f:
+                compared = json.load(f)
+            plan = compared.pop("plan")
+            assert {k: plan[k] for k in routes} == routes
+            assert plan["lr"] == plan["counter"] == "replicated"
+            assert compared["group"] == [None, None] and compared["assign_op"] == [None, None]
+            assert compared["assign_w"][0] == [[0.0], [1.0], [2.0]]
+            assert compared["assign_lr"][0] == pytest.approx(0.05 * (rank + 1))
+            assert compared["string"][0] == compared["string"][1]
+            for key, (got, want) in compared.items():
+                _same(got, want, f"{mode} worker {rank} {key}")

@@ -1,0 +1,145 @@
+"""A real script's graph, unchanged, trains exactly under tfpar: examples/lstm_lm.py.
+
+The LSTM language model of examples/lstm_lm.py is written as the field writes them: a
+partitioned embedding, dropout, `tf.compat.v1.nn.rnn_cell.LSTMCell` with a projection run
+by `dynamic_rnn` (its weights are read inside a `tf.while_loop`), a
+`tf.compat.v1.layers.dense` layer (Keras 2, which tfpar selects), a sampled softmax over a
+partitioned softmax weight and bias (sparse gradients from a gather inside the loss), a
+loss scaled by a constant, `tf.clip_by_global_norm` over every gradient, Adagrad, and an
+exponential moving average of the LSTM's weights. The clip threshold is above the raw norm
+here (checked): a sampled softmax's gradient has one row per *batch* for each sampled class
+(not one per example), and no data-parallel system reproduces the single-device norm of
+such rows from per-worker rows (Horovod's allgather path neither); active clipping over
+embeddings and dense layers is tested exactly in test_post_processing. Both the TF2-style graph (resource variables, functional
+`While`) and the TF1 one (`tf.compat.v1.disable_v2_behavior()`: reference variables, v1
+control flow) run in HYBRID on N=2 and on 2 hosts x 2 workers, and in PS mode (TF1).
+After 3 steps every variable, slot, moving average and the global step equal
+single-device training on the concatenated batch within rtol 1e-5, atol 1e-6. The
+sampled softmax draws its classes from a fixed seed, so every worker and the single
+device draw the same ones; dropout runs with keep_prob 1 (a different mask per worker
+cannot equal one device's).
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.support.launch import REPO, WORKERS, horovodrun
+
+
+STEPS, BATCH = 3, 4
+TWO_HOSTS = "localhost:2,127.0.0.1:2"
+REFERENCE = r'''
+import sys, json, numpy as np, tensorflow as tf
+if sys.argv[3] == "tf1":
+    tf.compat.v1.disable_v2_behavior()
+else:
+    tf.compat.v1.disable_eager_execution()
+import tfpar
+from examples import lstm_lm
+from tests.support.workers.lstm_lm import MODEL, data
+init = dict(np.load(sys.argv[2]))
+graph, h = lstm_lm.build_graph(**MODEL)
+with graph.as_default():
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for v in variables:
+            v.load(init["init/" + v.op.name], sess)
+        norms = []
+        for inputs, targets in data(int(sys.argv[4]), int(sys.argv[5])):
+            norm, _ = sess.run([h["norm"], h["train_op"]], {h["inputs"]: inputs, h["targets"]: targets})
+            norms.append(float(norm))
+        values = dict(zip(["final/" + v.op.name for v in variables], sess.run(variables)))
+np.savez(sys.argv[6], norms=np.array(norms), **values)
+'''
+
+
+def _run(tmp, n, scenarios, tf1=False, hosts=None):
+    spec = os.path.join(tmp, "scenarios.json")
+    with open(spec, "w") as f:
+        json.dump(scenarios, f)
+    args = [spec, tmp] + (["--tf1"] if tf1 else [])
+    proc = horovodrun(n, os.path.join(WORKERS, "lstm_lm.py"), *args, hosts=hosts,
+                      timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+
+
+def _check(tmp, name, n, tf1):
+    ranks = [np.load(os.path.join(tmp, name, f"rank{r}.npz")) for r in range(n)]
+    out = os.path.join(tmp, name, "reference.npz")
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", REFERENCE, REPO,
+                           os.path.join(tmp, name, "rank0.npz"), "tf1" if tf1 else "tf2",
+                           str(STEPS), str(BATCH * n), out], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    expected = np.load(out)
+    assert max(expected["norms"]) < 100.0, expected["norms"]  # the clip is inactive
+    names = [k[len("final/"):] for k in expected.files if k.startswith("final/")]
+    for r, data in enumerate(ranks):
+        for k in names:
+            np.testing.assert_allclose(data[f"final/{k}"], expected[f"final/{k}"], rtol=1e-5,
+                                       atol=1e-6, err_msg=f"{name}: {k} on worker {r}")
+    moved = [k for k in names if not np.allclose(expected[f"final/{k}"], ranks[0][f"init/{k}"])]
+    assert any("ExponentialMovingAverage" in k for k in moved)
+    assert any(k.startswith("rnn/") for k in moved) and "embedding/part_0" in moved
+    plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
+    assert plan["softmax/weights/part_0"]["route"] == "ps"
+    assert plan["embedding/part_1"]["route"] == "ps"
+    return plan
+
+
+CASES = [  # (name, workers, hosts, tf1, config)
+    ("hybrid_tf2_n2", 2, None, False, {}),
+    ("hybrid_tf2_2x2", 4, TWO_HOSTS, False, {}),
+    ("hybrid_tf1_n2", 2, None, True, {}),
+    ("ps_tf1_2x2", 4, TWO_HOSTS, True, {"run_mode": "PS"}),
+    ("ps_tf2_n2", 2, None, False, {"run_mode": "PS"}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_lstm_language_model_equals_single_device(tmp_path, case):
+    name, n, hosts, tf1, config = case
+    _run(str(tmp_path), n, [{"name": name, "config": config, "steps": STEPS, "batch": BATCH}],
+         tf1=tf1, hosts=hosts)
+    plan = _check(str(tmp_path), name, n, tf1)
+    kernel = [v for k, v in plan.items() if k.startswith("rnn/") and k.endswith("kernel")][0]
+    assert kernel["route"] == ("ps" if config.get("run_mode") == "PS" else "allreduce")
+
+
+def test_the_example_trains_saves_and_resumes(tmp_path):
+    """examples/lstm_lm.py on 2 workers: 4 steps saving every 2 into a folder that does not
+    exist yet (made, as TF's MonitoredTrainingSession makes its checkpoint_dir), then the
+    same command with more steps resumes from the latest checkpoint, at its global step."""
+    folder = tmp_path / "new" / "lm"
+    args = ["--vocab", "300", "--batch", "4", "--save-every", "2", "--log-every", "1",
+            "--checkpoint-dir", str(folder)]
+    script = os.path.join(REPO, "examples", "lstm_lm.py")
+    first = horovodrun(2, script, "--steps", "4", *args, timeout=300)
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert tf.train.latest_checkpoint(str(folder)).endswith("model.ckpt-4")
+    assert "step 3: loss" in first.stdout
+    second = horovodrun(2, script, "--steps", "6", *args, timeout=300)
+    assert second.returncode == 0, second.stdout[-4000:]
+    assert f"resumed from {folder / 'model.ckpt-4'} at step 4" in second.stdout
+    assert "step 5: loss" in second.stdout and "step 3: loss" not in second.stdout
+    assert tf.train.latest_checkpoint(str(folder)).endswith("model.ckpt-6")
+    assert glob.glob(str(folder / "events.out.tfevents.*"))  # TensorBoard's summaries
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    proc = horovodrun(2, os.path.join(REPO, "examples", "lstm_lm.py"), "--vocab", "300",
+                      "--steps", "2", "--checkpoint-dir", str(blocker / "lm"), timeout=300)
+    assert proc.returncode != 0
+    assert f"cannot use '{blocker / 'lm'}' as a checkpoint folder: a file is in the way" \
+        in proc.stdout, proc.stdout[-3000:]
+    assert "step 0: loss" not in proc.stdout  # before training

@@ -1,0 +1,186 @@
+"""Density routing: a sparse variable goes to the parameter servers, through a dense
+allreduce or through Horovod's allgather.
+
+- The decision (tfpar.plan.routing, pure): alpha near 1 -> allreduce, alpha << 1 on a large
+  variable of many workers -> parameter servers, few rows whose savings cannot pay for
+  the parameter servers' protocol -> allgather (no parameter servers at all), duplicate
+  ids costed, forced routes kept.
+- The plans of forced and dict routes. In real jobs: tests/jobs/test_density_routing.py.
+"""
+import dataclasses
+import json
+import os
+
+import pytest
+
+from tests.support import models
+from tests.support.launch import REPO, horovodrun, job_results
+from tests.support.reference import equal_single_device_tests
+
+import tfpar
+from tfpar.plan import routing
+from tfpar.errors import TfparError
+from tfpar.plan.layout import parse_resources
+
+STEPS, BATCH = 4, 8
+TWO_HOSTS = "localhost:2,127.0.0.1:2"
+LINKS = routing.Links(latency_s=1e-3, per_byte_s=1e-8)  # 100 MB/s, 1 ms per exchange
+
+
+def candidate(alpha, rows=100_000, row_bytes=256, name="emb"):
+    return routing.Candidate(name, rows, row_bytes, alpha)
+
+
+# -- the decision ------------------------------------------------------------------------------
+def test_dense_rows_go_to_allreduce():
+    choice = routing.decide((candidate(0.99),), 4, LINKS)["emb"]
+    assert choice.route == "allreduce"
+    assert choice.allreduce_s < choice.ps_s
+    assert "most rows touched" in choice.reason
+
+
+def test_sparse_rows_of_a_large_variable_go_to_the_parameter_servers():
+    choice = routing.decide((candidate(0.01),), 4, LINKS)["emb"]
+    assert choice.route == "ps"
+    assert choice.ps_s < choice.allreduce_s / 50
+
+
+def test_small_savings_do_not_pay_for_the_parameter_server_protocol():
+    # alpha 0.3 of a 300-row variable: the servers would save 1.6 ms of bytes over the
+    # dense allreduce (2.3 ms), but their protocol costs 3 ms; the allgather saves 0.9 ms
+    # of bytes, less than the collective it adds (1 ms).
+    small = routing.decide((candidate(0.3, rows=300),), 4, LINKS)["emb"]
+    assert small.route == "allreduce" and "protocol" in small.reason
+    assert small.ps_s < small.allgather_s < small.allreduce_s < small.allgather_s + 1e-3
+    # Twice the rows: the allgather's saving (1.8 ms) pays for its collective.
+    assert routing.decide((candidate(0.3, rows=600),), 4, LINKS)["emb"].route == "allgather"
+    # Beside a variable that needs the parameter servers anyway, it goes there too.
+    both = routing.decide((candidate(0.3, rows=300), candidate(0.01, name="big")), 4, LINKS)
+    assert both["emb"].route == "ps" and both["big"].route == "ps"
+
+
+def test_few_rows_of_a_large_variable_go_to_allgather_when_latency_dominates():
+    # A small batch on fast links: 128 rows of 264 bytes per worker. The servers would
+    # move half the allgather's bytes at N = 4, 0.1 ms less, but add three exchanges.
+    fast = routing.Links(latency_s=1e-3, per_byte_s=1e-9)
+    few = routing.decide((candidate(128 / 100_000),), 4, fast)["emb"]
+    assert few.route == "allgather" and "protocol" in few.reason
+    assert few.allgather_s == routing.allgather_bytes(candidate(128 / 100_000), 4) * 1e-9
+    # Many workers and slow links make the same rows' bytes count: the servers pay.
+    slow = routing.Links(latency_s=1e-3, per_byte_s=1e-7)
+    many = routing.decide((candidate(128 / 100_000),), 16, slow)["emb"]
+    assert many.route == "ps" and "an allgather of" in many.reason
+
+
+def test_duplicate_ids_are_costed_on_the_allgather_route():
+    # 1,000 distinct rows per step but 4,000 ids: the allgather sends every id's row.
+    once = routing.Candidate("emb", 100_000, 256, 0.01, sent_rows=1000)
+    dup = dataclasses.replace(once, sent_rows=4000)
+    assert routing.allgather_bytes(dup, 2) == 4 * routing.allgather_bytes(once, 2)
+    assert routing.allgather_bytes(once, 2) == 2 * 1000 * (256 + routing.INDEX_BYTES)
+    fast = routing.Links(latency_s=1e-4, per_byte_s=1e-9)
+    assert routing.decide((once,), 2, fast)["emb"].route == "allgather"
+    assert routing.decide((dup,), 2, fast)["emb"].route == "ps"
+
+
+def test_a_variable_without_an_exact_dense_route_chooses_between_the_others():
+    # alpha 0.99: the dense allreduce is the fastest, but a norm over the gradient's rows
+    # (dense_route=False) rules it out.
+    clipped = dataclasses.replace(candidate(0.99), dense_route=False)
+    assert routing.decide((candidate(0.99),), 4, LINKS)["emb"].route == "allreduce"
+    assert routing.decide((clipped,), 4, LINKS)["emb"].route == "ps"
+    few = dataclasses.replace(candidate(0.3, rows=300), dense_route=False)
+    assert routing.decide((few,), 4, LINKS)["emb"].route == "allgather"
+
+
+def test_forced_routes_are_kept_and_pay_the_protocol():
+    forced = routing.decide((candidate(0.3, rows=300),), 4, LINKS, {"other": "ps"})
+    assert forced["emb"].route == "ps"  # the protocol is paid for "other" already
+    kept = routing.decide((candidate(0.01),), 4, LINKS, {"emb": "allreduce"})
+    assert kept["emb"].route == "allreduce" and "Config" in kept["emb"].reason
+
+
+def test_the_dense_routes_local_passes_are_costed():
+    # alpha 0.99: fewer bytes by allreduce, but summing 100,000 rows densely on each worker
+    # (measured: 1 ns per byte of the dense tensor) takes longer than the servers' bytes.
+    slow = routing.Links(latency_s=1e-3, per_byte_s=1e-10, dense_per_byte_s=1e-9)
+    choice = routing.decide((candidate(0.99),), 4, slow)["emb"]
+    assert routing.allreduce_bytes(candidate(0.99), 4) < routing.ps_bytes(candidate(0.99), 4)
+    assert choice.route == "ps" and choice.ps_s < choice.allreduce_s
+
+
+def test_a_dense_route_is_never_predicted_cheaper_than_its_allreduce():
+    fast = routing.Links(latency_s=1e-3, per_byte_s=1e-8, dense_per_byte_s=1e-15)
+    choice = routing.decide((candidate(0.01),), 4, fast)["emb"]
+    assert choice.route == "ps"
+    assert choice.allreduce_s == routing.allreduce_bytes(candidate(0.01), 4) * 1e-8
+
+
+def test_one_worker_needs_no_parameter_server():
+    assert routing.decide((candidate(0.01),), 1, LINKS)["emb"].route == "allreduce"
+
+
+# -- configuration and plan ---------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["fast", {"emb": "auto"}, {}, 3])
+def test_bad_sparse_route_is_a_clear_error(bad):
+    with pytest.raises(TfparError, match="sparse_route must be one of"):
+        tfpar.Config(sparse_route=bad)
+
+
+def test_sparse_route_needs_hybrid_mode():
+    with pytest.raises(TfparError, match="only HYBRID mode"):
+        tfpar.Config(run_mode="AR", sparse_route="allreduce")
+
+
+def _plan(config, **model):
+    graph, _ = models.build(**model)
+    analysis = tfpar.analyse(graph)
+    from tfpar.plan.planner import make_plan
+    return make_plan(analysis, config, parse_resources("localhost:2"))
+
+
+def test_forced_allreduce_plans_a_dense_allreduce_and_no_parameter_server():
+    plan = _plan(tfpar.Config(sparse_route="allreduce"), optimizer="adam", sparse=True)
+    emb = plan.variable("emb")
+    assert (emb.route, emb.kind, emb.parts) == ("allreduce", "sparse", ())
+    assert plan.mode == "AR" and plan.num_ps == 0
+    # The summed rows plus one count per row, ring allreduce: 4 w (N-1)/N.
+    assert emb.predicted_bytes == 4 * models.VOCAB * (models.IN * 4 + 4) / 2
+    assert tfpar.Plan.from_json(plan.to_json()) == plan
+
+
+def test_a_dict_forces_some_and_the_rest_wait_for_measurement():
+    plan = _plan(tfpar.Config(sparse_route={"shared": "allreduce"}), optimizer="sgd",
+                 emb_partitions=2, shared_embedding=True)
+    assert plan.variable("shared").route == "allreduce"
+    assert plan.variable("emb/part_0").route == "ps"
+    assert any("density not measured" in n for n in plan.notes)
+
+
+def test_forced_allgather_plans_horovods_allgather_and_no_parameter_server():
+    plan = _plan(tfpar.Config(sparse_route="allgather"), optimizer="adam", sparse=True,
+                 clip=0.05)
+    emb = plan.variable("emb")
+    assert (emb.route, emb.kind, emb.parts) == ("allgather", "sparse", ())
+    assert plan.mode == "AR" and plan.num_ps == 0
+    mixed = _plan(tfpar.Config(sparse_route={"emb/part_0": "ps", "shared": "allgather"}),
+                  optimizer="sgd", emb_partitions=2, shared_embedding=True)
+    assert [mixed.variable(n).route for n in ("emb/part_0", "emb/part_1", "shared")] == [
+        "ps", "ps", "allgather"]
+    assert mixed.mode == "HYBRID" and mixed.num_ps == 1
+    assert tfpar.Plan.from_json(mixed.to_json()) == mixed
+
+
+def test_allreduce_of_a_globally_clipped_sparse_gradient_is_refused():
+    with pytest.raises(TfparError, match="sum over its rows.*'ps' or 'allgather'"):
+        _plan(tfpar.Config(sparse_route="allreduce"), optimizer="sgd", sparse=True, clip=0.05)
+
+
+def test_unknown_or_dense_variable_in_the_dict_is_refused():
+    with pytest.raises(TfparError, match="does not have"):
+        _plan(tfpar.Config(sparse_route={"nope": "ps"}), sparse=True)
+    with pytest.raises(TfparError, match="not sparse"):
+        _plan(tfpar.Config(sparse_route={"w1": "ps"}), sparse=True)
+
+
+# -- equivalence with real processes -------------------------------------------------------------

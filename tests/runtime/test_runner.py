@@ -1,0 +1,172 @@
+"""The Runner in one process (a Horovod job of size 1): name mapping, errors, lifecycle."""
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.support import models
+import tfpar
+
+tf1 = tf.compat.v1
+
+
+@pytest.fixture
+def built():
+    return models.build(optimizer="adam", init_seed=3)
+
+
+def data_feed(h, step=0):
+    x, y, ids = models.batches(step + 1, 8)[step]
+    return models.feed(h, x, y, ids)
+
+
+def test_runs_like_a_session(built):
+    graph, h = built
+    with tfpar.get_runner(graph, "localhost:1") as runner:
+        assert (runner.worker_id, runner.num_workers, runner.is_chief) == (0, 1, True)
+        assert runner.plan.variable("w1").route == "allreduce"
+        w1 = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)[0]
+        before = runner.run(w1)
+        Pair = collections.namedtuple("Pair", "loss step")
+        out = runner.run({"a": [h["loss"], h["train_op"]], "b": Pair("loss:0", "global_step")},
+                         feed_dict={"x:0": data_feed(h)[h["x"]], h["y"]: data_feed(h)[h["y"]]})
+        assert isinstance(out["b"], Pair) and out["a"][1] is None
+        assert out["b"].loss == pytest.approx(out["a"][0])
+        assert runner.run("global_step:0") == 1
+        assert not np.allclose(runner.run(w1), before)
+
+
+def test_same_result_as_a_plain_session(built):
+    graph, h = built
+    with tfpar.get_runner(graph) as runner:
+        init = {v.op.name: runner.run(v) for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
+        for s in range(3):
+            runner.run(h["train_op"], feed_dict=data_feed(h, s))
+        got = runner.run(dict((v.op.name, v) for v in
+                              graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)))
+    with graph.as_default(), tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
+            v.load(init[v.op.name], sess)
+        for s in range(3):
+            sess.run(h["train_op"], feed_dict=data_feed(h, s))
+        want = models.variable_values(sess, graph)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_meta_graph_input(built):
+    graph, h = built
+    meta = tf1.train.export_meta_graph(graph=graph)
+    with tfpar.get_runner(meta) as runner:
+        runner.run("Adam", feed_dict={"x:0": data_feed(h)[h["x"]], "y:0": data_feed(h)[h["y"]]})
+        assert runner.run("global_step:0") == 1
+
+
+def test_bad_fetches_and_feeds(built):
+    graph, h = built
+    other, _ = models.build()
+    with tfpar.get_runner(graph) as runner:
+        with pytest.raises(tfpar.TfparError, match="'nope:0' is not in the graph"):
+            runner.run("nope:0")
+        with pytest.raises(tfpar.TfparError, match="another graph"):
+            runner.run(other.get_operation_by_name("global_step"))
+        with pytest.raises(tfpar.TfparError, match="feed 'missing:0'"):
+            runner.run(h["loss"], feed_dict={"missing:0": 1.0})
+        with pytest.raises(tfpar.TfparError, match="cannot fetch"):
+            runner.run(3.5)
+        # A feed of the wrong shape names the user's tensor and shapes, as a Session does.
+        with pytest.raises(ValueError, match=r"Cannot feed value of shape \(2, 3\) for Tensor "
+                                             r"'?x:0'?, which has shape '?\(None, 6\)'?"):
+            runner.run(h["loss"], feed_dict={h["x"]: np.zeros((2, 3), np.float32)})
+    with pytest.raises(tfpar.TfparError, match="closed"):
+        runner.run(h["loss"])
+
+
+def test_config_errors(built):
+    graph, _ = built
+    with pytest.raises(tfpar.TfparError, match="unknown run_mode 'FAST'"):
+        tfpar.Config(run_mode="FAST")
+    with pytest.raises(tfpar.TfparError, match="tfpar.Config"):
+        tfpar.get_runner(graph, config={"run_mode": "AR"})
+    with pytest.raises(tfpar.TfparError, match="tf.Graph or a MetaGraphDef"):
+        tfpar.get_runner("graph.pb")
+    with pytest.raises(tfpar.TfparError, match="running job has 1"):
+        tfpar.get_runner(graph, "localhost:1,elsewhere:1")
+    with pytest.raises(tfpar.TfparError, match="2 worker"):
+        tfpar.get_runner(graph, "localhost:2")
+    assert tfpar.Config(run_mode="ar").run_mode == "AR"
+
+
+def test_graph_without_update_ops():
+    g = tf.Graph()
+    with g.as_default():
+        tf.reduce_sum(tf1.get_variable("w", [2]))
+    with pytest.raises(tfpar.TfparError, match="no optimizer update ops"):
+        tfpar.get_runner(g)
+
+
+def test_hybrid_on_one_worker_runs_a_real_parameter_server():
+    """A lone process (job of size 1) still gets its PS process and trains as one device."""
+    graph, h = models.build(sparse=True, optimizer="adagrad")
+    with tfpar.get_runner(graph) as runner:
+        assert runner.plan.mode == "HYBRID" and runner.plan.num_ps == 1
+        x, y, ids = models.batches(1, 8)[0]
+        before = runner.run("emb:0")
+        runner.run(h["train_op"], feed_dict=models.feed(h, x, y, ids))
+        after = runner.run("emb:0")
+        touched = sorted(set(ids.tolist()))
+        assert not np.allclose(after[touched], before[touched])
+        untouched = [i for i in range(models.VOCAB) if i not in touched]
+        np.testing.assert_array_equal(after[untouched], before[untouched])
+        comm = runner.communication()
+        assert comm["steps"] == 1 and comm["ps_push"] > 0 and comm["ps_pull"] > 0
+        assert runner.ps_pushes() == {"emb/part_0": 1}
+
+
+def test_assign_results_and_unmappable_fetches(built):
+    """An assign's result is its new value (a resource variable's _UnreadVariable), an
+    op's is None; what the runner cannot map is a TfparError naming it."""
+    graph, h = built
+    with graph.as_default():
+        lr = tf1.get_variable("lr_var", [], trainable=False, use_resource=True,
+                              initializer=tf1.constant_initializer(0.5))
+        new_lr = tf1.placeholder(tf.float32, [], name="new_lr")
+        update = tf1.assign(lr, new_lr)
+        bump = tf1.assign_add(lr, 1.0)
+    with tfpar.get_runner(graph) as runner:
+        assert runner.run(update, {new_lr: 0.25}) == pytest.approx(0.25)
+        assert runner.run(update.op, {new_lr: 0.5}) is None
+        assert runner.run(bump) == pytest.approx(1.5) and runner.run(lr) == pytest.approx(1.5)
+        with pytest.raises(tfpar.TfparError, match="cannot read 'Assign.*' as a variable"):
+            runner._read(update.op.name)  # pylint: disable=protected-access
+        with pytest.raises(tfpar.TfparError, match="cannot fetch 3"):
+            runner.run(3)
+
+
+@pytest.mark.parametrize("config", [{}, {"run_mode": "AR"}, {"sparse_route": "auto"}],
+                         ids=["hybrid", "ar", "density_routing"])
+def test_get_runner_plans_once_and_leaves_the_config_as_given(monkeypatch, config):
+    """One pass: whatever get_runner measures goes into one Measurements value, make_plan
+    runs once on it, and the user's Config is not rewritten."""
+    from tfpar.runtime import runner as runner_module
+    calls = []
+    real = runner_module.make_plan
+
+    def counting(*args, **kwargs):
+        calls.append(args[3] if len(args) > 3 else kwargs.get("measured"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "make_plan", counting)
+    graph, h = models.build(sparse=True, optimizer="adagrad")
+    given = tfpar.Config(density_steps=1, search_feed=lambda step: data_feed(h), **config)
+    before = repr(given)
+    with tfpar.get_runner(graph, config=given) as runner:
+        runner.run(h["train_op"], feed_dict=data_feed(h))
+        assert len(calls) == 1, calls
+        assert repr(given) == before
+        measured_routes = calls[0].links is not None
+        assert measured_routes == (config.get("sparse_route") == "auto")
+        if measured_routes:  # the plan shows what was measured and chosen
+            assert set(runner.plan.routing.choices) == {"emb"}

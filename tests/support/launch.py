@@ -1,0 +1,79 @@
+"""Launching real multi-process jobs with horovodrun from the tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import psutil
+
+from tfpar.testing import launch
+
+SUPPORT = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(SUPPORT, "workers")  # the scripts each process of a test job runs
+REPO = os.path.dirname(os.path.dirname(SUPPORT))
+
+
+def horovodrun_command(np_, script, *args, hosts=None, cluster=None):
+    """The horovodrun command line (on the first host of an emulated `cluster` if given,
+    as a user logged in there would type it) and its environment."""
+    return launch.horovodrun_command(np_, [script, *args], hosts, cluster, REPO)
+
+
+def horovodrun(np_, script, *args, hosts=None, timeout=300, env=None, cluster=None):
+    """Runs `script` on np_ workers (local, or on an emulated cluster's hosts); returns the
+    CompletedProcess (output in .stdout, seconds in .elapsed)."""
+    cmd, full_env = horovodrun_command(np_, script, *args, hosts=hosts, cluster=cluster)
+    full_env.update(env or {})
+    start = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, env=full_env, cwd=REPO)
+    proc.elapsed = time.time() - start
+    return proc
+
+
+def run_scenarios(out_dir, n, scenarios, hosts=None, timeout=600, cluster=None):
+    """Runs the equivalence worker's scenarios as one horovodrun job of n workers; the
+    results land in out_dir/<scenario>/rank<r>.npz."""
+    spec = os.path.join(str(out_dir), "scenarios.json")
+    with open(spec, "w") as f:
+        json.dump(scenarios, f)
+    proc = horovodrun(n, os.path.join(WORKERS, "equivalence.py"), spec, str(out_dir),
+                      hosts=hosts, timeout=timeout, cluster=cluster)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    return out_dir
+
+
+def run_worker(n, worker, spec, out_dir, timeout=300):
+    """Runs tests/support/workers/`worker` on n workers with `spec` (written as JSON into out_dir)
+    and out_dir as arguments; asserts it succeeded and returns out_dir."""
+    path = os.path.join(str(out_dir), "spec.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    proc = horovodrun(n, os.path.join(WORKERS, worker), path, str(out_dir),
+                      timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return out_dir
+
+
+def job_results(name, folder, n, scenarios, hosts=None):
+    """A module-scoped fixture `name`: the scenarios run once as one job of n workers."""
+    import pytest
+
+    @pytest.fixture(scope="module", name=name)
+    def results(tmp_path_factory):
+        return run_scenarios(tmp_path_factory.mktemp(folder), n, scenarios, hosts=hosts)
+    return results
+
+
+def processes_running(marker: str):
+    """Processes whose command line mentions `marker` (to prove nothing was left behind)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(marker in part for part in (p.info["cmdline"] or [])):
+                found.append(p.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found

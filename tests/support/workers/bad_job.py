@@ -1,0 +1,44 @@
+"""A horovodrun worker that gives tfpar bad input: usage: bad_job.py CASE."""
+import os
+import sys
+
+import tensorflow as tf  # noqa: E402
+
+from tests.support import models  # noqa: E402
+import tfpar  # noqa: E402
+
+tf.compat.v1.disable_eager_execution()
+case = sys.argv[1]
+if case == "resources":
+    graph, _ = models.build()
+    tfpar.get_runner(graph, "localhost:3")
+elif case == "partitions":
+    graph, _ = models.build(sparse=True)
+    tfpar.get_runner(graph, config=tfpar.Config(partitions=50))
+elif case == "sparse_apply":
+    graph = tf.Graph()
+    with graph.as_default():
+        emb = tf.compat.v1.get_variable("emb", [10, 3], use_resource=True)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2, 2]))
+        (grad, var), = tf.compat.v1.train.AdamOptimizer(0.1).compute_gradients(loss)
+        tf.compat.v1.train.AdamOptimizer(0.1).apply_gradients([(tf.convert_to_tensor(grad), var)])
+    tfpar.get_runner(graph)
+elif case == "more_hosts":
+    graph, _ = models.build(sparse=True)
+    tfpar.get_runner(graph, "localhost:1,127.0.0.1:1")
+elif case == "run_mode":
+    graph, _ = models.build()
+    tfpar.get_runner(graph, config=tfpar.Config(run_mode="ALLREDUCE"))
+elif case == "unresolvable_host":
+    graph, _ = models.build()
+    tfpar.get_runner(graph, "nosuchhost.invalid:2")
+elif case == "id_out_of_range":
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf.compat.v1.placeholder(tf.int32, [None])
+        emb = tf.compat.v1.get_variable("emb", [100, 3], use_resource=True)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ids))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tfpar.get_runner(graph, config=tfpar.Config(partitions=2)) as runner:
+        runner.run(train, {ids: [3, 107, 5]})
+print("unexpected: no error")

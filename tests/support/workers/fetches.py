@@ -1,0 +1,132 @@
+"""Fetches and feeds through `Runner.run` against a plain `tf.compat.v1.Session`.
+
+usage: horovodrun -np N ... python -m tests.support.workers.fetches OUT_DIR [--tf1]
+For each run mode (HYBRID, PS) every worker builds the graph twice: one copy goes to
+`tfpar.get_runner`, the other to a plain session given the runner's initial values. Each
+fetch below runs through both with the worker's own rows; their results must be equal
+(assign-family results of resource and reference variables on a replicated, an
+allreduced and a parameter-server variable, `tf.group` ops, an assignment's op,
+IndexedSlices and SparseTensor fetches, strings). Then a step is trained and the
+assignments are fetched again: a fed value's assignment gives that value whatever the
+training did. Writes OUT_DIR/<mode>/rank<r>.json with what was compared.
+"""
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf1 = tf.compat.v1
+
+
+def build():
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(0)
+        ids = tf1.placeholder(tf.int64, [None], name="ids")
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        emb = tf1.get_variable("emb", [10, 3])  # sparse gradient: the PS route
+        w = tf1.get_variable("w", [3, 1])  # dense: allreduce (HYBRID) or the PS (PS mode)
+        lr = tf1.get_variable("lr", [], initializer=tf1.constant_initializer(0.1),
+                              trainable=False)  # replicated
+        counter = tf1.get_variable("counter", [], dtype=tf.int64, trainable=False,
+                                   initializer=tf1.zeros_initializer())
+        loss = tf.reduce_mean(tf.matmul(x + tf.nn.embedding_lookup(emb, ids), w) ** 2)
+        step = tf1.train.get_or_create_global_step()
+        opt = tf1.train.GradientDescentOptimizer(lr)
+        grads = opt.compute_gradients(loss)
+        train = opt.apply_gradients(grads, global_step=step)
+        new_lr = tf1.placeholder(tf.float32, [], name="new_lr")
+        new_w = tf1.placeholder(tf.float32, [3, 1], name="new_w")
+        new_emb = tf1.placeholder(tf.float32, [10, 3], name="new_emb")
+        h = {
+            "assign_lr": tf1.assign(lr, new_lr),
+            "assign_add_counter": tf1.assign_add(counter, 1),
+            "assign_w": tf1.assign(w, new_w),
+            "assign_emb": tf1.assign(emb, new_emb),
+            "group": tf.group(tf1.assign(lr, new_lr), tf1.assign_add(counter, 2)),
+            "emb_gradient": [g for g, v in grads if v is emb][0],  # IndexedSlices
+            "sparse": tf.sparse.from_dense(tf.cast(tf.reshape(ids, [1, -1]) > 4, tf.int32)),
+            "string": tf.strings.as_string(counter),
+            "loss": loss,
+        }
+        h["assign_op"] = tf1.assign(lr, new_lr * 2.0).op
+        h["train"], h["vars"] = train, [emb, w, lr, counter, step]
+    return graph, h
+
+
+def feeds(graph, rank):
+    rng = np.random.RandomState(rank)
+    return {graph.get_tensor_by_name("ids:0"): rng.randint(0, 10, size=4),
+            graph.get_tensor_by_name("x:0"): rng.rand(4, 3).astype(np.float32),
+            graph.get_tensor_by_name("new_lr:0"): 0.05 * (rank + 1),
+            graph.get_tensor_by_name("new_w:0"): np.arange(3, dtype=np.float32)[:, None],
+            graph.get_tensor_by_name("new_emb:0"): np.full([10, 3], 0.5, np.float32)}
+
+
+def _plain(value):
+    """A fetched value as JSON-comparable data (IndexedSlices/SparseTensor values too)."""
+    if isinstance(value, tf1.SparseTensorValue):
+        return {"indices": _plain(value.indices), "values": _plain(value.values),
+                "dense_shape": _plain(value.dense_shape)}
+    if hasattr(value, "values") and hasattr(value, "indices"):  # IndexedSlicesValue
+        return {"indices": _plain(value.indices), "values": _plain(value.values)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.dtype.kind != "S" else [v.decode() for v in value.flat]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def main(out_dir):
+    import tfpar
+    from tests.support import models
+    for mode in ("HYBRID", "PS"):
+        graph, h = build()
+        runner = tfpar.get_runner(graph, None, tfpar.Config(
+            run_mode=mode, session_config=models.worker_session_config()))
+        rank = runner.worker_id
+        plain_graph, p = build()
+        with plain_graph.as_default():
+            session = tf1.Session(graph=plain_graph)
+            session.run(tf1.global_variables_initializer())
+            for v, value in zip(p["vars"], runner.run(h["vars"])):
+                v.load(value, session)
+        order = ["assign_lr", "assign_add_counter", "assign_w", "assign_emb", "group",
+                 "emb_gradient", "sparse", "string", "assign_op", "loss"]
+        compared = {}
+
+        def both(key, trained=False):
+            got = runner.run(h[key], feeds(graph, rank))
+            want = session.run(p[key], feeds(plain_graph, rank))
+            compared[key + ("_after_training" if trained else "")] = [_plain(got), _plain(want)]
+
+        for key in order:
+            both(key)
+        # The variables after those assignments (read whole from wherever they live).
+        compared["variables"] = [_plain(runner.run(h["vars"][:4])),
+                                 _plain(session.run(p["vars"][:4]))]
+        runner.run(h["train"], feeds(graph, rank))  # a training step moves w and emb
+        for key in ("assign_w", "assign_emb", "assign_lr"):
+            both(key, trained=True)
+        compared["plan"] = {v.name: v.route for v in runner.plan.variables}
+        runner.close()
+        session.close()
+        os.makedirs(os.path.join(out_dir, mode), exist_ok=True)
+        with open(os.path.join(out_dir, mode, f"rank{rank}.json"), "w") as f:
+            json.dump(compared, f)
+
+
+if __name__ == "__main__":
+    if "--tf1" in sys.argv:
+        tf1.disable_v2_behavior()
+    else:
+        tf1.disable_eager_execution()
+    main(sys.argv[1])
