@@ -286,7 +286,8 @@ class Runner:
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
         if self._session_view is None:
-            self._session_view = _SessionView(self)
+            self._session_view = _SessionView(self._session, self._graph, self.restore,
+                                              self._tiles)
         return self._session_view
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -585,28 +586,31 @@ def is_saver_op(name: str) -> bool:
 class _SessionView(surgery.session_base()):
     """The runner's session as `tf.compat.v1.train.Saver` sees it (see Runner.session)."""
 
-    def __init__(self, runner: Runner):
-        self._runner = runner
+    def __init__(self, session, graph: tf.Graph, restore, tiled: Sequence[str]):
+        # The rewritten graph's session; `restore(path, variables)` is Runner.restore;
+        # `tiled`: the variables split over the workers (a Saver cannot save them).
+        self._session, self._graph, self._restore, self._tiled = (
+            session, graph, restore, sorted(tiled))
 
-    graph = property(lambda self: self._runner._graph)
-    sess_str = property(lambda self: self._runner._session.sess_str)
+    graph = property(lambda self: self._graph)
+    sess_str = property(lambda self: self._session.sess_str)
 
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
         name = getattr(fetches, "name", fetches)
         if isinstance(name, str) and _RESTORE_OP.search(name.split(":")[0]) and feed_dict:
             path = next(iter(feed_dict.values()))
             path = path.decode() if isinstance(path, bytes) else str(path)
-            self._runner.restore(path, self._restored_variables(name))
+            self._restore(path, self._restored_variables(name))
             return None
         if (isinstance(name, str) and _SAVE_OP.search(name.split(":")[0])
-                and self._runner._tiles):
+                and self._tiled):
             raise TfparError(
                 f"a tf.compat.v1.train.Saver cannot save this job's split variables "
-                f"{sorted(self._runner._tiles)} (Config.tiling): each worker holds only its "
+                f"{self._tiled} (Config.tiling): each worker holds only its "
                 "tiles. Use runner.save(path) on every worker: it writes the single-device "
                 "checkpoint, each variable whole (nothing was written)")
         try:
-            return self._runner._session.run(fetches, feed_dict, options, run_metadata)
+            return self._session.run(fetches, feed_dict, options, run_metadata)
         except (KeyError, ValueError, TypeError) as e:
             if "save" in str(e):
                 raise TfparError(
@@ -617,7 +621,7 @@ class _SessionView(surgery.session_base()):
 
     def _restored_variables(self, restore_op_name: str):
         """The variables a Saver's restore op writes (its var_list)."""
-        graph = self._runner._graph
+        graph = self._graph
         op = graph.get_operation_by_name(restore_op_name.split(":")[0])
         names, stack, seen = set(), [op], set()
         while stack:
@@ -634,13 +638,13 @@ class _SessionView(surgery.session_base()):
         return sorted(names) or None
 
     def partial_run_setup(self, *args, **kwargs):
-        return self._runner._session.partial_run_setup(*args, **kwargs)
+        return self._session.partial_run_setup(*args, **kwargs)
 
     def partial_run(self, *args, **kwargs):
-        return self._runner._session.partial_run(*args, **kwargs)
+        return self._session.partial_run(*args, **kwargs)
 
     def __getattr__(self, name):
-        return getattr(self._runner._session, name)
+        return getattr(self._session, name)
 
 
 class _UserSession(surgery.session_base()):
