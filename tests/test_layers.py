@@ -7,7 +7,7 @@ and no modules import each other in a circle.
     3 tfpar.transform                        rewrites a graph for a plan
     4 tfpar.runtime                          needs a running job
     5 tfpar.testing                          tools for tests and benchmarks
-    6 tfpar (the public API), tfpar.cli
+    6 tfpar (the public API), tfpar.cli, tfpar.supervisor (`tfpar run`)
 
 Every import counts, inside functions too (a deferred import is still a dependency).
 """
@@ -17,7 +17,7 @@ import os
 TFPAR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfpar")
 LAYERS = [("tfpar.errors", "tfpar.version"), ("tfpar.plan", "tfpar.partition"),
           ("tfpar.graph",), ("tfpar.transform",), ("tfpar.runtime",), ("tfpar.testing",),
-          ("tfpar.cli", "tfpar")]
+          ("tfpar.cli", "tfpar.supervisor", "tfpar")]
 
 
 def layer(module: str) -> int:

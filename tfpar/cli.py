@@ -1,7 +1,9 @@
-"""The `tfpar` command: look at what tfpar sees in a graph and what it would do, offline.
+"""The `tfpar` command: look at what tfpar sees in a graph and what it would do, offline,
+and run a job that is relaunched after faults.
 
     tfpar inspect model.py[:build_fn]      per-variable analysis table
     tfpar plan model.py[:build_fn] --resources host1:2,host2:2 [--run-mode AR] [--json]
+    tfpar run [--restarts K] [--min-np N] -np 4 -H a:2,b:2 -- python train.py
 
 A source is a Python file with a function that builds the training graph (default name
 `build_graph`; it returns a tf.Graph, a tuple starting with one, or builds into the default
@@ -94,7 +96,37 @@ def _plan_tiling(args, graph, analysis, scope):
     return tiling, layout
 
 
+RUN_OPTIONS = {"--restarts": int, "--window": float, "--host-failures": int, "--min-np": int}
+
+
+def run_command(argv) -> int:
+    """`tfpar run [--restarts K] [--window S] [--host-failures M] [--min-np N]
+    [horovodrun options] -- command...`: the job, relaunched after faults
+    (tfpar.supervisor)."""
+    from tfpar import supervisor
+    try:
+        options, command = supervisor.split_command(argv)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    ours, rest, i = {}, [], 0
+    while i < len(options):
+        if options[i] in RUN_OPTIONS and i + 1 < len(options):
+            ours[options[i][2:].replace("-", "_")] = RUN_OPTIONS[options[i]](options[i + 1])
+            i += 2
+        else:
+            rest.append(options[i])
+            i += 1
+    if not command:
+        print("tfpar run: no command after `--`", file=sys.stderr)
+        return 2
+    return supervisor.run(rest, command, **ours)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:
+        return run_command(argv[1:])
     parser = argparse.ArgumentParser(prog="tfpar", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     inspect = sub.add_parser("inspect", help="print the per-variable analysis of a graph")

@@ -1,0 +1,88 @@
+"""`tfpar run` relaunches a job after a fault, and the job ends with the model it would
+have had without it (tests/support/workers/recover.py: HYBRID with an embedding on the
+parameter servers, Adam, a checkpoint every 3 steps, input indexed by the global step,
+10 steps). Variables (slots included) are compared with an uninterrupted run within fp32
+rtol 1e-5 and atol 1e-6 (the same rows; sums over workers in another order where the
+worker count changed).
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from tests.support.launch import REPO, WORKERS, horovodrun, processes_running
+
+WORKER = os.path.join(WORKERS, "recover.py")
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def tfpar_run(*args, timeout=420):
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "tfpar.cli", "run", *args], cwd=REPO,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+
+
+def uninterrupted(tmp_path):
+    out = str(tmp_path / "uninterrupted.npz")
+    proc = horovodrun(2, WORKER, str(tmp_path / "uninterrupted"), out, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return np.load(out)
+
+
+def assert_same_model(got, expected):
+    names = [k for k in expected.files if k != "workers"]
+    assert set(names) <= set(got.files)
+    for k in names:
+        np.testing.assert_allclose(got[k], expected[k], rtol=RTOL, atol=ATOL, err_msg=k)
+    assert int(got["global_step"]) == 10
+
+
+def test_a_killed_worker_is_relaunched_and_the_model_is_the_fault_free_one(tmp_path):
+    out = str(tmp_path / "final.npz")
+    proc = tfpar_run("--restarts", "2", "--gloo", "-np", "2", "-H", "localhost:2", "--",
+                     sys.executable, WORKER, str(tmp_path / "ckpt"), out, "--kill-at", "5",
+                     "--marker", str(tmp_path / "killed"))
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert os.path.exists(tmp_path / "killed")  # the fault happened
+    assert "launch 1 failed" in proc.stdout and "died" in proc.stdout, proc.stdout[-4000:]
+    assert "the job succeeded (launch 2, 1 restart(s))" in proc.stdout
+    assert_same_model(np.load(out), uninterrupted(tmp_path))
+    assert processes_running(WORKER) == []
+
+
+def test_a_script_error_is_reported_and_not_retried_endlessly(tmp_path):
+    proc = tfpar_run("--restarts", "5", "--gloo", "-np", "2", "-H", "localhost:2", "--",
+                     sys.executable, WORKER, str(tmp_path / "ckpt"), str(tmp_path / "f.npz"),
+                     "--raise-at", "2")
+    assert proc.returncode != 0
+    assert proc.stdout.count("tfpar run: launch ") == 2 + 2  # two launches, each announced
+    assert "ValueError: a bug in the script at step 2" in proc.stdout
+    assert "the same error again: it is the script's own; not relaunching" in proc.stdout
+    assert processes_running(WORKER) == []
+
+
+def test_a_host_that_keeps_failing_is_left_out_and_the_job_finishes(tmp_path):
+    """2 hosts x 2 workers; the first worker on host 127.0.0.1 is killed at step 5 of every
+    4-worker launch: after 2 faults the host is left out and 2 workers finish the job. The
+    model is the fault-free one and its checkpoint restores into the plain graph."""
+    out = str(tmp_path / "final.npz")
+    proc = tfpar_run("--restarts", "3", "--host-failures", "2", "--min-np", "2", "--gloo",
+                     "-np", "4", "-H", "localhost:2,127.0.0.1:2", "--",
+                     sys.executable, WORKER, str(tmp_path / "ckpt"), out, "--kill-at", "5",
+                     "--kill-host", "127.0.0.1", "--marker", str(tmp_path / "killed"),
+                     timeout=600)
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert "host 127.0.0.1 failed 2 times: left out; going on with 2 worker(s)" in proc.stdout
+    final = np.load(out)
+    assert int(final["workers"]) == 2
+    assert_same_model(final, uninterrupted(tmp_path))
+    from tests.support import models
+    graph, _ = models.build(optimizer="adam", sparse=True)
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        tf.compat.v1.train.Saver().restore(
+            sess, tf.train.latest_checkpoint(str(tmp_path / "ckpt")))
+        for v in tf.compat.v1.global_variables():
+            np.testing.assert_array_equal(sess.run(v), final[v.op.name], err_msg=v.op.name)

@@ -1,0 +1,89 @@
+"""A training script as `tfpar run` relaunches it: tfpar.MonitoredTrainingSession with a
+checkpoint_dir (a checkpoint every 3 steps), its input indexed by the global step (so a
+resumed job trains on the data it would have had), HYBRID with an embedding on the
+parameter servers and Adam.
+
+usage: python recover.py CHECKPOINT_DIR OUT_NPZ [--kill-at STEP --marker PATH]
+       [--kill-host HOST] [--raise-at STEP]
+--kill-at: worker 1 (or, with --kill-host, the first worker on that host while the job
+has 4 workers) SIGKILLs itself before that step, once per marker file (its first launch).
+--raise-at: worker 0 raises ValueError before that step, on every launch (a script error).
+Writes OUT_NPZ on worker 0 at the end: every variable (FinalOpsHook), and "workers".
+"""
+import argparse
+import os
+import signal
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tests.support import models  # noqa: E402
+import tfpar  # noqa: E402
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+LAST_STEP, GLOBAL_BATCH = 10, 8
+
+
+class Position(tf1.train.SessionRunHook):
+    """The global step after the session was created (0 or restored), counted on."""
+
+    def __init__(self, step_var):
+        self.step_var, self.step = step_var, None
+
+    def after_create_session(self, session, coord):
+        self.step = int(session.run(self.step_var))
+
+    def after_run(self, run_context, run_values):
+        self.step += 1
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("checkpoint_dir")
+    p.add_argument("out")
+    p.add_argument("--kill-at", type=int)
+    p.add_argument("--marker")
+    p.add_argument("--kill-host")
+    p.add_argument("--raise-at", type=int)
+    args = p.parse_args()
+    rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
+    host = os.environ.get("HOROVOD_HOSTNAME", "")
+    # The same global batch on any worker count: a job that goes on with fewer workers
+    # trains on the same rows.
+    per_worker = GLOBAL_BATCH // size
+    data = models.batches(LAST_STEP, GLOBAL_BATCH)
+    graph, h = models.build(optimizer="adam", sparse=True, init_seed=100 + rank)
+    with graph.as_default():
+        step_var = tf1.train.get_global_step()
+        position = Position(step_var)
+
+        def rows():
+            x, y, ids = data[position.step]
+            lo, hi = rank * per_worker, (rank + 1) * per_worker
+            return models.feed(h, x[lo:hi], y[lo:hi], ids[lo:hi])
+
+        final = tf1.train.FinalOpsHook({v.op.name: v for v in tf1.global_variables()})
+        hooks = [position, tf1.train.FeedFnHook(rows),
+                 tf1.train.StopAtStepHook(last_step=LAST_STEP), final]
+        victim = (args.kill_host is None and rank == 1) or (
+            args.kill_host is not None and size == 4 and host == args.kill_host
+            and int(os.environ["HOROVOD_LOCAL_RANK"]) == 0)
+        with tfpar.MonitoredTrainingSession(checkpoint_dir=args.checkpoint_dir, hooks=hooks,
+                                            save_checkpoint_steps=3) as sess:
+            while not sess.should_stop():
+                if args.raise_at is not None and position.step == args.raise_at and rank == 0:
+                    raise ValueError(f"a bug in the script at step {position.step}")
+                if victim and position.step == args.kill_at and (
+                        args.kill_host is not None or not os.path.exists(args.marker)):
+                    open(args.marker, "w").close()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                sess.run(h["train_op"])
+    if rank == 0:
+        np.savez(args.out, workers=size, **final.final_ops_values)
+
+
+if __name__ == "__main__":
+    main()
