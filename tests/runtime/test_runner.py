@@ -170,3 +170,42 @@ def test_get_runner_plans_once_and_leaves_the_config_as_given(monkeypatch, confi
         assert measured_routes == (config.get("sparse_route") == "auto")
         if measured_routes:  # the plan shows what was measured and chosen
             assert set(runner.plan.routing.choices) == {"emb"}
+
+
+def test_config_checkpoint_dir_resumes_without_code(tmp_path):
+    """Config(checkpoint_dir=..., checkpoint_every_steps=2): saved in the background every
+    2 training steps (complete when the runner closes), restored by the next get_runner
+    before its first step."""
+    folder = str(tmp_path / "new" / "ckpt")
+    config = tfpar.Config(checkpoint_dir=folder, checkpoint_every_steps=2)
+    graph, h = models.build(optimizer="adam", init_seed=1)
+    with tfpar.get_runner(graph, config=config) as runner:
+        for step in range(5):
+            runner.run(h["train_op"], feed_dict=data_feed(h, step))
+            runner.run(h["loss"], feed_dict=data_feed(h, step))  # not a step: no save
+        saved = runner.run(_variable(graph, "w1"))  # after step 5; last saved after step 4
+    state = tf.train.get_checkpoint_state(folder)
+    assert [p.rsplit("-", 1)[1] for p in state.all_model_checkpoint_paths] == ["2", "4"]
+    reader = tf.train.load_checkpoint(folder)
+    assert int(reader.get_tensor("global_step")) == 4
+    graph2, h2 = models.build(optimizer="adam", init_seed=2)  # other initial values
+    with tfpar.get_runner(graph2, config=config) as runner:
+        assert int(runner.run(_variable(graph2, "global_step"))) == 4
+        np.testing.assert_array_equal(runner.run(_variable(graph2, "w1")),
+                                      reader.get_tensor("w1"))
+        assert not np.array_equal(runner.run(_variable(graph2, "w1")), saved)
+
+
+def _variable(graph, name):
+    return next(v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+                if v.op.name == name)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"checkpoint_every_steps": 2}, "need Config.checkpoint_dir"),
+    ({"checkpoint_dir": "x", "checkpoint_every_steps": 0}, "must be a positive int"),
+    ({"checkpoint_dir": "x", "checkpoint_every_secs": 5, "tiling": {"dense/kernel": "C"}},
+     "use checkpoint_every_steps")])
+def test_bad_checkpoint_configs_are_clear_errors(kwargs, message):
+    with pytest.raises(tfpar.TfparError, match=message):
+        tfpar.Config(**kwargs)

@@ -94,6 +94,14 @@ class Config:
       interface: the network interface whose address tfpar's sockets bind and its servers
         are dialled at (e.g. "eth0"); default: the one Horovod's Gloo uses
         (`horovodrun --network-interface`), else the host name's address.
+      checkpoint_dir: resume without code: `get_runner` restores the latest checkpoint of
+        this folder (made if missing) on every worker before the first step, and the
+        runner saves the single-device checkpoint `model.ckpt-<global step>` there every
+        `checkpoint_every_steps` training steps and/or `checkpoint_every_secs` seconds
+        (the chief copies the variables at a step boundary and writes them in the
+        background, atomically), keeping the newest `checkpoint_max_to_keep` (default 5).
+        `checkpoint_every_secs` is not for split layers (`tiling`): every worker must
+        take part in their saves, so save them by steps.
     """
 
     run_mode: str = "HYBRID"
@@ -118,6 +126,10 @@ class Config:
     sync: bool = True
     tiling: Union[None, str, Dict[str, str], "object"] = None
     tiling_min_bytes: int = 1 << 20
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every_steps: Optional[int] = None
+    checkpoint_every_secs: Optional[float] = None
+    checkpoint_max_to_keep: int = 5
 
     def __post_init__(self):
         if self.tiling is not None and not (isinstance(self.tiling, str)
@@ -166,6 +178,22 @@ class Config:
                                       or not isinstance(value, (int, float)) or value <= 0):
                 raise TfparError(f"Config.{name} must be a positive number of seconds or "
                                  f"None, got {value!r}")
+        for name in ("checkpoint_every_steps", "checkpoint_every_secs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or value <= 0 or (name.endswith("steps") and
+                                                          not isinstance(value, int))):
+                raise TfparError(f"Config.{name} must be a positive "
+                                 f"{'int' if name.endswith('steps') else 'number'} or None, "
+                                 f"got {value!r}")
+        if (self.checkpoint_every_steps or self.checkpoint_every_secs) and \
+                not self.checkpoint_dir:
+            raise TfparError("Config.checkpoint_every_steps/secs need Config.checkpoint_dir "
+                             "(the folder to save in)")
+        if self.checkpoint_every_secs and self.tiling is not None:
+            raise TfparError("Config.checkpoint_every_secs cannot save split layers (tiling): "
+                             "every worker takes part in their saves; use "
+                             "checkpoint_every_steps")
         if self.interface is not None and (not isinstance(self.interface, str)
                                            or not self.interface):
             raise TfparError(f"Config.interface must be a network interface name such as "

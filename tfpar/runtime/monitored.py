@@ -288,11 +288,13 @@ class MonitoredSession:
             return True
         return bool(self._save_secs) and time.time() >= at + self._save_secs
 
-    def _save(self):
-        """Every worker calls it (split variables are gathered); the chief writes."""
+    def _save(self, background: bool = True):
+        """Every worker calls it (split variables are gathered); the chief copies the
+        variables now and writes them in the background (the last save waits)."""
         step = self._global_step()
         prefix = self._runner.save(os.path.join(self._checkpoint_dir, CHECKPOINT_BASENAME),
-                                   global_step=step, max_to_keep=self._max_to_keep)
+                                   global_step=step, max_to_keep=self._max_to_keep,
+                                   background=background)
         self._last_save = (step, time.time())
         if prefix:
             log.info("tfpar: saved %s", prefix)
@@ -310,7 +312,7 @@ class MonitoredSession:
                     for hook in self._hooks:
                         hook.end(self._user_session)
                 if self._checkpoint_dir and self._global_step() > self._last_save[0]:
-                    self._save()
+                    self._save(background=False)
         finally:
             self._closed = True
             self._agreement.close()

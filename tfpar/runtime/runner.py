@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import re
+import threading
+import time
 from typing import Dict, Optional, Sequence
 
 import numpy as np
@@ -62,6 +64,8 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     runner = _start(meta, plan, config, layout, graph if isinstance(graph, tf.Graph) else None)
     if runner.is_chief:
         log.info("%s", plan.table())
+    if config.checkpoint_dir:
+        runner._resume(config)
     return runner
 
 
@@ -247,10 +251,11 @@ class Runner:
         self._steps = 0  # training steps this runner finished
         if liveness is not None:
             liveness.set_probe(self._where)
-        # What makes a run a training step (it waits for the other workers): a Horovod
-        # collective or the parameter servers' step.
+        # What makes a run a training step: a Horovod collective (it waits for the other
+        # workers), an optimizer's update, or the parameter servers' step.
         self._collective = {op.name for op in graph.get_operations()
-                            if op.type.startswith("Horovod")}
+                            if op.type.startswith(("Horovod", "Apply", "ResourceApply",
+                                                   "SparseApply", "ResourceSparseApply"))}
         if ps is not None:
             self._collective.add(ps.step.name)
         self._is_step_cache: Dict[tuple, bool] = {}
@@ -270,6 +275,9 @@ class Runner:
         self._reads: Dict[str, tf.Tensor] = dict(ps.reads) if ps is not None else {}
         self._saves = 0
         self._tiles = dict(tiles or {})
+        self._writer: Optional[threading.Thread] = None  # a background save's write
+        self._writer_error: Optional[BaseException] = None
+        self._autosave = None  # (folder, every steps, every secs, keep, last step, last time)
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
     num_workers = property(lambda self: self._num_workers, doc="How many workers the job has.")
@@ -292,7 +300,7 @@ class Runner:
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, path: str, global_step: Optional[int] = None,
-             max_to_keep: Optional[int] = 5) -> Optional[str]:
+             max_to_keep: Optional[int] = 5, background: bool = False) -> Optional[str]:
         """Writes the single-device model's checkpoint at `path-<step>` (chief only).
 
         Every global variable of the user's graph under its original name and full shape:
@@ -303,6 +311,9 @@ class Runner:
         global step unless given. Returns the prefix written; on other workers it writes
         nothing and returns None. A job with split variables (Config.tiling) saves each
         whole, gathered from the workers' tiles: there every worker must call save.
+        background: copy the variables now (a consistent snapshot at this step boundary)
+        and write them in a thread, so training goes on; the next save and `close` wait
+        for the write (and raise its error, if it failed).
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
@@ -323,9 +334,50 @@ class Runner:
                           self._session.run([self._read(e.name) for e in rest])))
         values = [gathered[e.name] if e.name in gathered else values[e.name]
                   for e in self._entries]
-        checkpoint.write(prefix, self._entries, values)
-        checkpoint.record(prefix, max_to_keep)
+        self._wait_for_writer()
+        if background:
+            self._writer = threading.Thread(target=self._write, name="tfpar-checkpoint",
+                                            args=(prefix, values, max_to_keep))
+            self._writer.start()
+        else:
+            self._write(prefix, values, max_to_keep)
+            self._wait_for_writer()
         return prefix
+
+    def _write(self, prefix: str, values, max_to_keep):
+        try:
+            checkpoint.write(prefix, self._entries, values)
+            checkpoint.record(prefix, max_to_keep)  # only a complete write becomes latest
+        except BaseException as e:  # noqa: BLE001 (raised by the caller's next save/close)
+            self._writer_error = e
+
+    def _wait_for_writer(self):
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        error, self._writer_error = self._writer_error, None
+        if error is not None:
+            raise TfparError(f"writing a checkpoint failed: {summary(error)}") from error
+
+    def _resume(self, config: Config):
+        """Config.checkpoint_dir: restore its latest checkpoint (every worker), then save
+        there periodically (see `run`)."""
+        folder = checkpoint.checkpoint_folder(config.checkpoint_dir)
+        if tf.train.latest_checkpoint(folder):
+            restored = self.restore(folder)
+            if self.is_chief:
+                log.warning("tfpar: resumed from %s", restored)
+        self._autosave = [folder, config.checkpoint_every_steps, config.checkpoint_every_secs,
+                          config.checkpoint_max_to_keep, self._steps, time.time()]
+
+    def _autosave_due(self):
+        folder, steps, secs, keep, last_step, last_time = self._autosave
+        due = bool(steps and self._steps - last_step >= steps)
+        if not due and secs and time.time() - last_time >= secs:
+            due = self.is_chief  # only the chief writes (split layers save by steps)
+        if due:
+            self.save(os.path.join(folder, "model.ckpt"), max_to_keep=keep, background=True)
+            self._autosave[4:] = [self._steps, time.time()]
 
     def restore(self, path: str, variables: Optional[Sequence[str]] = None) -> str:
         """Sets the model from a checkpoint of the single-device model (one Runner.save or
@@ -375,21 +427,29 @@ class Runner:
         feeds = None
         if feed_dict:
             feeds = {self._element(k, feed=True): v for k, v in feed_dict.items()}
-        if self._liveness is None or not self._is_step(mapped):
-            return self._session.run(mapped, feed_dict=feeds, options=options,
-                                     run_metadata=run_metadata)
+        step = self._is_step(mapped)
+        if self._liveness is None or not step:
+            out = self._session.run(mapped, feed_dict=feeds, options=options,
+                                    run_metadata=run_metadata)
+            if step:
+                self._steps += 1
+                if self._autosave is not None:
+                    self._autosave_due()
+            return out
         self._liveness.step_started()
         ended = False
         try:
             out = self._session.run(mapped, feed_dict=feeds, options=options,
                                     run_metadata=run_metadata)
             self._steps += 1
-            return out
         except tf.errors.OutOfRangeError:
             ended = True  # its input is exhausted: the others must be told if they go on
             raise
         finally:
             self._liveness.step_finished(input_ended=ended)
+        if self._autosave is not None:
+            self._autosave_due()
+        return out
 
     def _where(self) -> str:
         """Where this worker's running training step waits, from its stage markers (read by
@@ -488,10 +548,13 @@ class Runner:
         up until the process exits: then each worker waits for all the others, so no PS
         stops while another worker may still read from it."""
         if self._session is not None:
-            if self._liveness is not None:
-                self._liveness.set_probe(None)
-            self._session.close()
-            self._session = None
+            try:
+                self._wait_for_writer()  # a background checkpoint write ends first
+            finally:
+                if self._liveness is not None:
+                    self._liveness.set_probe(None)
+                self._session.close()
+                self._session = None
 
     def __enter__(self):
         return self

@@ -119,6 +119,7 @@ def train(sc, n, rank, out, single, init=None):
             with session as sess:
                 while not sess.should_stop():
                     if sc.get("die_at") == position.step:
+                        sess.runner._wait_for_writer()  # killed after a complete checkpoint
                         os._exit(3)  # killed: no close, no last save
                     sess.run(h["train_op"])
                     record["runs"] += 1

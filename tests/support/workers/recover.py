@@ -79,6 +79,7 @@ def main():
                 if victim and position.step == args.kill_at and (
                         args.kill_host is not None or not os.path.exists(args.marker)):
                     open(args.marker, "w").close()
+                    sess.runner._wait_for_writer()  # killed after a complete checkpoint
                     os.kill(os.getpid(), signal.SIGKILL)
                 sess.run(h["train_op"])
     if rank == 0:
