@@ -6,13 +6,16 @@ parameter servers and Adam.
 usage: python recover.py CHECKPOINT_DIR OUT_NPZ [--kill-at STEP --marker PATH]
        [--kill-host HOST] [--raise-at STEP]
 --kill-at: worker 1 (or, with --kill-host, the first worker on that host while the job
-has 4 workers) SIGKILLs itself before that step, once per marker file (its first launch).
+has 4 workers) SIGKILLs itself before that step, once per marker file (its first launch),
+writing the time into the marker. With TFPAR_STEP_TIMES=PATH, worker 0 appends the time of
+each launch's first step there (scripts/benchmark_recovery.py).
 --raise-at: worker 0 raises ValueError before that step, on every launch (a script error).
 Writes OUT_NPZ on worker 0 at the end: every variable (FinalOpsHook), and "workers".
 """
 import argparse
 import os
 import signal
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -73,15 +76,21 @@ def main():
             and int(os.environ["HOROVOD_LOCAL_RANK"]) == 0)
         with tfpar.MonitoredTrainingSession(checkpoint_dir=args.checkpoint_dir, hooks=hooks,
                                             save_checkpoint_steps=3) as sess:
+            first_step = True
             while not sess.should_stop():
                 if args.raise_at is not None and position.step == args.raise_at and rank == 0:
                     raise ValueError(f"a bug in the script at step {position.step}")
                 if victim and position.step == args.kill_at and (
                         args.kill_host is not None or not os.path.exists(args.marker)):
-                    open(args.marker, "w").close()
                     sess.runner._wait_for_writer()  # killed after a complete checkpoint
+                    with open(args.marker, "w") as f:
+                        f.write(repr(time.time()))
                     os.kill(os.getpid(), signal.SIGKILL)
                 sess.run(h["train_op"])
+                if first_step and rank == 0 and os.environ.get("TFPAR_STEP_TIMES"):
+                    with open(os.environ["TFPAR_STEP_TIMES"], "a") as f:  # (a benchmark's)
+                        f.write(f"{time.time()!r}\n")
+                first_step = False
     if rank == 0:
         np.savez(args.out, workers=size, **final.final_ops_values)
 
