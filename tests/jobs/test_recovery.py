@@ -25,9 +25,9 @@ def tfpar_run(*args, timeout=420):
                           text=True, timeout=timeout)
 
 
-def uninterrupted(tmp_path):
+def uninterrupted(tmp_path, *extra):
     out = str(tmp_path / "uninterrupted.npz")
-    proc = horovodrun(2, WORKER, str(tmp_path / "uninterrupted"), out, timeout=300)
+    proc = horovodrun(2, WORKER, str(tmp_path / "uninterrupted"), out, *extra, timeout=300)
     assert proc.returncode == 0, proc.stdout[-6000:]
     return np.load(out)
 
@@ -51,6 +51,20 @@ def test_a_killed_worker_is_relaunched_and_the_model_is_the_fault_free_one(tmp_p
     assert "the job succeeded (launch 2, 1 restart(s))" in proc.stdout
     assert_same_model(np.load(out), uninterrupted(tmp_path))
     assert processes_running(WORKER) == []
+
+
+def test_a_tf_data_input_goes_on_where_each_worker_was(tmp_path):
+    """The input is a tfpar.shard'ed tf.data pipeline: the checkpoint holds each worker's
+    position in it, so the relaunched job trains on the rows it would have had."""
+    out = str(tmp_path / "final.npz")
+    proc = tfpar_run("--restarts", "2", "--gloo", "-np", "2", "-H", "localhost:2", "--",
+                     sys.executable, WORKER, str(tmp_path / "ckpt"), out, "--kill-at", "5",
+                     "--marker", str(tmp_path / "killed"), "--dataset")
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    assert "the job succeeded (launch 2, 1 restart(s))" in proc.stdout
+    ckpt = str(tmp_path / "ckpt")
+    assert [f for f in os.listdir(ckpt) if ".input-1-of-2" in f]  # worker 1's position
+    assert_same_model(np.load(out), uninterrupted(tmp_path, "--dataset"))
 
 
 def test_a_script_error_is_reported_and_not_retried_endlessly(tmp_path):

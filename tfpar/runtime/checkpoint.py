@@ -144,6 +144,76 @@ def record(prefix: str, max_to_keep: Optional[int]) -> None:
             os.remove(f)
 
 
+ITERATOR_TYPES = ("OneShotIterator", "IteratorV2", "Iterator")
+
+
+def input_suffix(rank: int, num_workers: int) -> str:
+    """The suffix of worker `rank`'s input positions beside a checkpoint prefix."""
+    return f".input-{rank}-of-{num_workers}"
+
+
+class InputPositions:
+    """Where this worker's `tf.data` iterators are (TensorFlow's serialized iterator
+    state), saved beside a checkpoint as `<prefix>.input-<rank>-of-<N>` and restored from
+    it, so a restarted job with the same worker count neither replays nor skips data.
+    Each worker writes and reads its own file; ops built on first use."""
+
+    def __init__(self, graph: tf.Graph, rank: int, num_workers: int):
+        self._graph, self._suffix = graph, input_suffix(rank, num_workers)
+        self._iterators = [op for op in graph.get_operations() if op.type in ITERATOR_TYPES]
+        self._ops = None
+
+    def __bool__(self):
+        return bool(self._iterators)
+
+    def _built(self):
+        if self._ops is None:
+            with self._graph.as_default(), tf.device("/cpu:0"), \
+                    tf.compat.v1.name_scope("tfpar_input_positions"):
+                path = tf.compat.v1.placeholder(tf.string, [])
+                names = [op.name for op in self._iterators]
+                states = [tf.raw_ops.SerializeIterator(resource_handle=op.outputs[0],
+                                                       external_state_policy=1)
+                          for op in self._iterators]
+                save = tf.raw_ops.SaveV2(prefix=path, tensor_names=names,
+                                         shape_and_slices=[""] * len(names), tensors=states)
+                restored = tf.raw_ops.RestoreV2(prefix=path, tensor_names=names,
+                                                shape_and_slices=[""] * len(names),
+                                                dtypes=[tf.variant] * len(names))
+                restore = tf.group(*[tf.raw_ops.DeserializeIterator(
+                    resource_handle=op.outputs[0], serialized=r)
+                    for op, r in zip(self._iterators, restored)])
+            self._ops = (path, save, restore)
+        return self._ops
+
+    def save(self, session, prefix: str, max_to_keep: Optional[int]) -> None:
+        """Writes this worker's positions beside `prefix`; keeps the newest `max_to_keep`
+        of this worker's files in the folder (each host keeps its own workers')."""
+        path, save, _ = self._built()
+        session.run(save, {path: prefix + self._suffix})
+        if max_to_keep:
+            mine = glob.glob(os.path.join(os.path.dirname(os.path.abspath(prefix)),
+                                          "*" + self._suffix + ".index"))
+            steps = sorted(mine, key=lambda f: _step_of(f[:-len(self._suffix + ".index")]))
+            for old in steps[:-max_to_keep]:
+                for f in glob.glob(old[:-len(".index")] + "*"):
+                    os.remove(f)
+
+    def restore(self, session, prefix: str) -> bool:
+        """Sets this worker's iterators from the positions saved beside `prefix`; False
+        (nothing changed) when there are none for this worker count."""
+        if not glob.glob(prefix + self._suffix + ".index"):
+            return False
+        path, _, restore = self._built()
+        session.run(restore, {path: prefix + self._suffix})
+        return True
+
+
+def _step_of(prefix: str) -> int:
+    tail = prefix.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
 def _local():
     return tf.compat.v1.ConfigProto(device_count={"GPU": 0}, inter_op_parallelism_threads=1,
                                     intra_op_parallelism_threads=2)

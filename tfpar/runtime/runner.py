@@ -278,6 +278,7 @@ class Runner:
         self._writer: Optional[threading.Thread] = None  # a background save's write
         self._writer_error: Optional[BaseException] = None
         self._autosave = None  # (folder, every steps, every secs, keep, last step, last time)
+        self._inputs = checkpoint.InputPositions(graph, worker_id, num_workers)
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
     num_workers = property(lambda self: self._num_workers, doc="How many workers the job has.")
@@ -311,6 +312,9 @@ class Runner:
         global step unless given. Returns the prefix written; on other workers it writes
         nothing and returns None. A job with split variables (Config.tiling) saves each
         whole, gathered from the workers' tiles: there every worker must call save.
+        Every worker that calls it also writes where its `tf.data` iterators are
+        (`<prefix>.input-<rank>-of-<N>`), so a restore with the same worker count goes on
+        with the data where it was: call it on every worker for that.
         background: copy the variables now (a consistent snapshot at this step boundary)
         and write them in a thread, so training goes on; the next save and `close` wait
         for the write (and raise its error, if it failed).
@@ -320,8 +324,6 @@ class Runner:
         tiled = [e for e in self._entries if e.name in self._tiles]
         gathered = dict(zip((e.name for e in tiled),
                             self._session.run([self._read(e.name) for e in tiled])))
-        if not self.is_chief:
-            return None
         checkpoint.checkpoint_folder(os.path.dirname(os.path.abspath(path)))
         if global_step is None:
             step_name = self._plan.global_step
@@ -329,6 +331,10 @@ class Runner:
                            else self._saves)
         self._saves += 1
         prefix = f"{path}-{int(global_step)}"
+        if self._inputs:  # each worker's tf.data position, at this same step boundary
+            self._inputs.save(self._session, prefix, max_to_keep)
+        if not self.is_chief:
+            return None
         rest = [e for e in self._entries if e.name not in gathered]
         values = dict(zip((e.name for e in rest),
                           self._session.run([self._read(e.name) for e in rest])))
@@ -387,7 +393,8 @@ class Runner:
         prefix, or a folder (its latest checkpoint). `variables`: restore only these
         variable names (default: all). Either every variable is restored or, when the
         checkpoint lacks one or has another shape, none is and a TfparError says which.
-        Returns the prefix restored.
+        Returns the prefix restored. Each worker's `tf.data` position is restored too when
+        every worker saved its own with this worker count (see `save`).
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
@@ -416,7 +423,15 @@ class Runner:
             self._session.run(ops, feeds)
         if self._broadcast is not None:
             self._session.run(self._broadcast)
-        job.allgather_strings("restored")
+        # The input's positions, when every worker saved its own for this worker count
+        # (else every worker's input goes on from where it is now).
+        have = os.path.exists(prefix + checkpoint.input_suffix(
+            self._worker_id, self._num_workers) + ".index") if self._inputs else False
+        if all(x == "1" for x in job.allgather_strings("1" if have else "0")) and have:
+            self._inputs.restore(self._session, prefix)
+        elif self._inputs and self.is_chief:
+            log.warning("tfpar: %s holds no input positions for %d workers: the tf.data "
+                        "input is not moved to where it was", prefix, self._num_workers)
         return prefix
 
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):

@@ -21,7 +21,6 @@ import tensorflow as tf  # noqa: E402
 import tfpar  # noqa: E402
 
 tf1 = tf.compat.v1
-tf1.disable_v2_behavior()
 STEPS = 6
 
 
@@ -90,5 +89,6 @@ def main(checkpoint_dir, out, unchanged=False):
 
 
 if __name__ == "__main__":
+    tf1.disable_v2_behavior()  # a TF1 script (not on import: a test builds its graph too)
     tf1.logging.set_verbosity(tf1.logging.INFO)
     main(sys.argv[1], sys.argv[2], unchanged="--unchanged" in sys.argv)

@@ -10,6 +10,8 @@ has 4 workers) SIGKILLs itself before that step, once per marker file (its first
 writing the time into the marker. With TFPAR_STEP_TIMES=PATH, worker 0 appends the time of
 each launch's first step there (scripts/benchmark_recovery.py).
 --raise-at: worker 0 raises ValueError before that step, on every launch (a script error).
+--dataset: the input is a `tfpar.shard`ed tf.data pipeline (no feeds): a restarted job must
+go on from each worker's saved position in it.
 Writes OUT_NPZ on worker 0 at the end: every variable (FinalOpsHook), and "workers".
 """
 import argparse
@@ -43,6 +45,27 @@ class Position(tf1.train.SessionRunHook):
         self.step += 1
 
 
+def from_dataset(data, seed):
+    """An embedding (on the parameter servers) and a dense layer trained with Adam on a
+    `tfpar.shard`ed tf.data input of the rows of every step, `GLOBAL_BATCH // N` a step."""
+    x = np.concatenate([d[0] for d in data])
+    y = np.concatenate([d[1] for d in data])
+    ids = np.concatenate([d[2] for d in data])
+    size = int(os.environ["HOROVOD_SIZE"])
+    graph = tf.Graph()
+    with graph.as_default():
+        ds = tfpar.shard(tf.data.Dataset.from_tensor_slices((x, y, ids)))
+        xb, yb, ib = tf1.data.make_one_shot_iterator(ds.batch(GLOBAL_BATCH // size)).get_next()
+        init = tf1.random_normal_initializer(stddev=0.3, seed=seed)
+        emb = tf1.get_variable("emb", [models.VOCAB, x.shape[1]], initializer=init)
+        w = tf1.get_variable("w", [x.shape[1], y.shape[1]], initializer=init)
+        hidden = tf.tanh(xb + tf.nn.embedding_lookup(emb, ib))
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(tf.matmul(hidden, w) - yb), axis=1))
+        step = tf1.train.get_or_create_global_step()
+        train_op = tf1.train.AdamOptimizer(0.05).minimize(loss, global_step=step)
+    return graph, {"train_op": train_op, "loss": loss}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("checkpoint_dir")
@@ -51,6 +74,7 @@ def main():
     p.add_argument("--marker")
     p.add_argument("--kill-host")
     p.add_argument("--raise-at", type=int)
+    p.add_argument("--dataset", action="store_true")
     args = p.parse_args()
     rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
     host = os.environ.get("HOROVOD_HOSTNAME", "")
@@ -58,7 +82,10 @@ def main():
     # trains on the same rows.
     per_worker = GLOBAL_BATCH // size
     data = models.batches(LAST_STEP, GLOBAL_BATCH)
-    graph, h = models.build(optimizer="adam", sparse=True, init_seed=100 + rank)
+    if args.dataset:
+        graph, h = from_dataset(data, 100 + rank)
+    else:
+        graph, h = models.build(optimizer="adam", sparse=True, init_seed=100 + rank)
     with graph.as_default():
         step_var = tf1.train.get_global_step()
         position = Position(step_var)
@@ -69,8 +96,9 @@ def main():
             return models.feed(h, x[lo:hi], y[lo:hi], ids[lo:hi])
 
         final = tf1.train.FinalOpsHook({v.op.name: v for v in tf1.global_variables()})
-        hooks = [position, tf1.train.FeedFnHook(rows),
-                 tf1.train.StopAtStepHook(last_step=LAST_STEP), final]
+        hooks = [position, tf1.train.StopAtStepHook(last_step=LAST_STEP), final]
+        if not args.dataset:
+            hooks.insert(1, tf1.train.FeedFnHook(rows))
         victim = (args.kill_host is None and rank == 1) or (
             args.kill_host is not None and size == 4 and host == args.kill_host
             and int(os.environ["HOROVOD_LOCAL_RANK"]) == 0)
