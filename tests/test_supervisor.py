@@ -10,7 +10,7 @@ def test_a_death_is_a_fault_on_the_host_it_names():
            "[0]<stderr>:tfpar: worker 1 (host h2, pid 4242) died; stopping worker 2 of the job\n")
     v = supervisor.judge(17, out)
     assert (v.kind, v.host) == ("fault", "h2")
-    assert "pid _" in v.text  # the same fault reads the same on every launch
+    assert "pid 4242" in v.text and "pid _" in v.key  # the same fault, the same key
 
 
 def test_a_workers_exception_is_the_scripts_error():

@@ -43,6 +43,11 @@ class Verdict:
     text: str
     host: Optional[str] = None
 
+    @property
+    def key(self) -> str:
+        """The text without process ids: the same failure reads the same on every launch."""
+        return _PID.sub("pid _", self.text)
+
 
 def judge(returncode: int, output: str) -> Verdict:
     """Reads a failed launch's output."""
@@ -52,9 +57,8 @@ def judge(returncode: int, output: str) -> Verdict:
         host = _HOST.search(first)
         failed = _FAILED.search(first)
         if failed and not re.search(r"died|stopped answering|no step|did not call", first):
-            return Verdict("error", _PID.sub("pid _", failed.group(1)).strip(),
-                           host.group(1) if host else None)
-        return Verdict("fault", _PID.sub("pid _", first), host.group(1) if host else None)
+            return Verdict("error", failed.group(1).strip(), host.group(1) if host else None)
+        return Verdict("fault", first, host.group(1) if host else None)
     tracebacks = [m.group(1) for line in output.splitlines()
                   for m in [_TRACEBACK_END.match(line.strip())] if m]
     if tracebacks:  # a worker that failed before tfpar's liveness was up
@@ -138,10 +142,10 @@ def run(options: Sequence[str], command: Sequence[str], restarts: int = 3,
         verdict = judge(status, output)
         say(f"launch {launches} failed after {time.time() - started:.0f} s: {verdict.text}")
         if verdict.kind == "error":
-            if verdict.text == last_error:
+            if verdict.key == last_error:
                 say("the same error again: it is the script's own; not relaunching")
                 return status
-            last_error = verdict.text
+            last_error = verdict.key
         else:
             last_error = None
         now = time.time()
