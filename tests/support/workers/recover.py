@@ -25,24 +25,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests.support import models  # noqa: E402
+from tests.support.workers.monitored import StepIndexedInput  # noqa: E402
 import tfpar  # noqa: E402
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 LAST_STEP, GLOBAL_BATCH = 10, 8
-
-
-class Position(tf1.train.SessionRunHook):
-    """The global step after the session was created (0 or restored), counted on."""
-
-    def __init__(self, step_var):
-        self.step_var, self.step = step_var, None
-
-    def after_create_session(self, session, coord):
-        self.step = int(session.run(self.step_var))
-
-    def after_run(self, run_context, run_values):
-        self.step += 1
 
 
 def from_dataset(data, seed):
@@ -88,7 +76,7 @@ def main():
         graph, h = models.build(optimizer="adam", sparse=True, init_seed=100 + rank)
     with graph.as_default():
         step_var = tf1.train.get_global_step()
-        position = Position(step_var)
+        position = StepIndexedInput(step_var)
 
         def rows():
             x, y, ids = data[position.step]
