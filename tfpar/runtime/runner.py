@@ -277,6 +277,7 @@ class Runner:
         self._tiles = dict(tiles or {})
         self._writer: Optional[threading.Thread] = None  # a background save's write
         self._writer_error: Optional[BaseException] = None
+        self._tile_reads: Optional[list] = None  # (built by `tiles`)
         self._autosave = None  # (folder, every steps, every secs, keep, last step, last time)
         self._inputs = checkpoint.InputPositions(graph, worker_id, num_workers)
 
@@ -519,10 +520,13 @@ class Runner:
         ...] of the whole variable it holds}}."""
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
+        names = sorted(self._tiles)
+        if self._tile_reads is None:  # read ops built once: the graph does not grow
+            with self._graph.as_default(), tf.compat.v1.name_scope("tfpar/tile_reads/"):
+                self._tile_reads = [self._tiles[n].read_value() for n in names]
         out = {}
-        for name, var in sorted(self._tiles.items()):
+        for name, value in zip(names, self._session.run(self._tile_reads)):
             v = self._plan.variable(name)
-            value = self._session.run(var.value())
             out[name] = {"value": value, "tiling": str(v.tiling),
                          "box": [list(b) for b in v.tiling.tile_ranges(v.shape, self._worker_id)]}
         return out

@@ -4,7 +4,8 @@ resumed job trains on the data it would have had), HYBRID with an embedding on t
 parameter servers and Adam.
 
 usage: python recover.py CHECKPOINT_DIR OUT_NPZ [--kill-at STEP --marker PATH]
-       [--kill-host HOST] [--raise-at STEP]
+       [--kill-host HOST] [--raise-at STEP] [--dataset] [--steps N] [--every K]
+       [--kills JSON]
 --kill-at: worker 1 (or, with --kill-host, the first worker on that host while the job
 has 4 workers) SIGKILLs itself before that step, once per marker file (its first launch),
 writing the time into the marker. With TFPAR_STEP_TIMES=PATH, worker 0 appends the time of
@@ -12,9 +13,15 @@ each launch's first step there (scripts/benchmark_recovery.py).
 --raise-at: worker 0 raises ValueError before that step, on every launch (a script error).
 --dataset: the input is a `tfpar.shard`ed tf.data pipeline (no feeds): a restarted job must
 go on from each worker's saved position in it.
+--steps, --every: train to step N (default 10), a checkpoint every K steps (default 3).
+--kills: a JSON list of faults, each {"step": S, "role": "chief" | "worker" | "ps",
+"marker": PATH}, each done once (its marker written, with the time, before it): before
+step S the chief (worker 0), the last worker (on the last host) or that host's parameter
+server (killed by its first worker, which spawned it) is SIGKILLed, as chance would.
 Writes OUT_NPZ on worker 0 at the end: every variable (FinalOpsHook), and "workers".
 """
 import argparse
+import json
 import os
 import signal
 import time
@@ -30,7 +37,29 @@ import tfpar  # noqa: E402
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
-LAST_STEP, GLOBAL_BATCH = 10, 8
+GLOBAL_BATCH = 8
+
+
+def chaos_victim(role: str, rank: int, size: int) -> bool:
+    """Whether this worker does a fault of `role`: the chief kills itself, the last worker
+    itself, and the last host's first worker that host's parameter server."""
+    if role == "chief":
+        return rank == 0
+    if role == "worker":
+        return rank == size - 1
+    local_size = int(os.environ["HOROVOD_LOCAL_SIZE"])
+    return rank == size - local_size  # the last host's first worker
+
+
+def do_fault(role: str, marker: str):
+    """(A background checkpoint write may be under way: the kill may cut it short.)"""
+    with open(marker, "w") as f:
+        f.write(repr(time.time()))
+    if role == "ps":
+        from tfpar.runtime import cluster
+        os.kill(cluster.current().ps_pid, signal.SIGKILL)
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def from_dataset(data, seed):
@@ -63,13 +92,17 @@ def main():
     p.add_argument("--kill-host")
     p.add_argument("--raise-at", type=int)
     p.add_argument("--dataset", action="store_true")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--every", type=int, default=3)
+    p.add_argument("--kills")
     args = p.parse_args()
+    kills = json.loads(args.kills) if args.kills else []
     rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
     host = os.environ.get("HOROVOD_HOSTNAME", "")
     # The same global batch on any worker count: a job that goes on with fewer workers
     # trains on the same rows.
     per_worker = GLOBAL_BATCH // size
-    data = models.batches(LAST_STEP, GLOBAL_BATCH)
+    data = models.batches(args.steps, GLOBAL_BATCH)
     if args.dataset:
         graph, h = from_dataset(data, 100 + rank)
     else:
@@ -84,14 +117,14 @@ def main():
             return models.feed(h, x[lo:hi], y[lo:hi], ids[lo:hi])
 
         final = tf1.train.FinalOpsHook({v.op.name: v for v in tf1.global_variables()})
-        hooks = [position, tf1.train.StopAtStepHook(last_step=LAST_STEP), final]
+        hooks = [position, tf1.train.StopAtStepHook(last_step=args.steps), final]
         if not args.dataset:
             hooks.insert(1, tf1.train.FeedFnHook(rows))
         victim = (args.kill_host is None and rank == 1) or (
             args.kill_host is not None and size == 4 and host == args.kill_host
             and int(os.environ["HOROVOD_LOCAL_RANK"]) == 0)
         with tfpar.MonitoredTrainingSession(checkpoint_dir=args.checkpoint_dir, hooks=hooks,
-                                            save_checkpoint_steps=3) as sess:
+                                            save_checkpoint_steps=args.every) as sess:
             first_step = True
             while not sess.should_stop():
                 if args.raise_at is not None and position.step == args.raise_at and rank == 0:
@@ -102,6 +135,10 @@ def main():
                     with open(args.marker, "w") as f:
                         f.write(repr(time.time()))
                     os.kill(os.getpid(), signal.SIGKILL)
+                for k in kills:
+                    if k["step"] == position.step and not os.path.exists(k["marker"]) \
+                            and chaos_victim(k["role"], rank, size):
+                        do_fault(k["role"], k["marker"])
                 sess.run(h["train_op"])
                 if first_step and rank == 0 and os.environ.get("TFPAR_STEP_TIMES"):
                     with open(os.environ["TFPAR_STEP_TIMES"], "a") as f:  # (a benchmark's)

@@ -138,8 +138,9 @@ def main(spec_path, out_dir):
             # The split variables fetched whole, then checkpointed whole (every worker
             # calls both: they gather the tiles); one more step changes every tile, and
             # restoring the checkpoint puts the saved values back.
+            tiles = runner.tiles()
             with g.as_default():
-                split = [v for v in tf1.global_variables() if v.op.name in runner.tiles()]
+                split = [v for v in tf1.global_variables() if v.op.name in tiles]
             for v, value in zip(split, runner.run(split)):
                 out[f"whole/{v.op.name}"] = value
             runner.save(os.path.join(folder, "ckpt"))
@@ -154,11 +155,11 @@ def main(spec_path, out_dir):
                 out["__saver_error"] = np.array("")
             except tfpar.TfparError as e:
                 out["__saver_error"] = np.array(str(e))
-            for name, tile in runner.tiles().items():
+            for name, tile in runner.tiles().items():  # (after the restore)
                 out[f"tile/{name}"] = tile["value"]
                 out[f"box/{name}"] = np.array(tile["box"])
             with g.as_default():
-                rest = [v for v in tf1.global_variables() if v.op.name not in runner.tiles()]
+                rest = [v for v in tf1.global_variables() if v.op.name not in tiles]
             for v, value in zip(rest, runner.run(rest)):
                 out[f"var/{v.op.name}"] = value
             out["__routes"] = np.array(json.dumps({v.name: v.route for v in runner.plan.variables}))
