@@ -3,7 +3,8 @@
 Each case starts a real 2-worker HYBRID job (one host: worker 0 spawns its PS), waits
 until both workers train, kills one process with SIGKILL and checks that the job ends
 non-zero within 60 s, that the output names what died, and that no process of the job and
-no port it bound is left.
+no port it bound is left. The jobs mostly wait (for training, for the liveness timeout), so
+they run two at a time.
 """
 import json
 import os
@@ -16,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from tests.support.launch import REPO, WORKERS, horovodrun_command
+from tests.support.launch import REPO, WORKERS, concurrent_jobs, horovodrun_command
 
 
 FAULT_WORKER = os.path.join(WORKERS, "fault.py")
@@ -70,20 +71,11 @@ def listening(ports):
                  r"|Process name: 0\nExit code: 137"),
     ("ps", r"parameter server ps:0 \(host localhost\) \(pid {pid}\) died with exit code -9"),
 ])
-def test_killing_a_process_stops_the_job(tmp_path, victim, message):
-    proc = _start(tmp_path)
-    try:
-        info = _wait_training(proc, tmp_path)
-        pid = info[0]["ps_pid"] if victim == "ps" else info[int(victim.split()[1])]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        killed_at = time.time()
-        output, _ = proc.communicate(timeout=90)
-        elapsed = time.time() - killed_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
-    assert elapsed < 60, elapsed
+def test_killing_a_process_stops_the_job(jobs, victim, message):
+    hit = jobs[("kill", victim)].result()
+    pid, output, info = hit.pid, hit.output, hit.info
+    assert hit.returncode != 0
+    assert hit.elapsed < 60, hit.elapsed
     assert re.search(message.format(pid=pid), output), output[-5000:]
     assert "unexpected" not in output
     pids = [i["pid"] for i in info] + [info[0]["ps_pid"]]
@@ -95,6 +87,23 @@ def test_killing_a_process_stops_the_job(tmp_path, victim, message):
     ports = sorted({p for i in info for p in i["ports"]})
     assert len(ports) >= 4  # two worker servers, one PS, the liveness hub
     assert listening(ports) == []
+
+
+def kill_job(out_dir, victim):
+    """Starts a job (the default liveness timeout), SIGKILLs `victim` once both workers
+    train and waits for the job's end (what it printed, the seconds after the kill)."""
+    proc = _start(out_dir)
+    try:
+        info = _wait_training(proc, out_dir)
+        pid = info[0]["ps_pid"] if victim == "ps" else info[int(victim.split()[1])]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.time()
+        output, _ = proc.communicate(timeout=90)
+        elapsed = time.time() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return _Hit(pid=pid, output=output, elapsed=elapsed, returncode=proc.returncode, info=info)
 
 
 LIVENESS_TIMEOUT = 8
@@ -109,8 +118,8 @@ LIVENESS_TIMEOUT = 8
     ("worker 0", r"worker 0 \(host localhost, pid {pid}\) \(the chief\) stopped responding"),
     ("ps", r"parameter server ps:0 \(host localhost\) \(pid {pid}\) stopped responding"),
 ])
-def test_a_stopped_process_is_named_and_stops_the_job(tmp_path, victim, message):
-    hit = signal_job(tmp_path, victim, signal.SIGSTOP)
+def test_a_stopped_process_is_named_and_stops_the_job(jobs, victim, message):
+    hit = jobs[("stop", victim)].result()
     assert hit.returncode != 0
     assert hit.elapsed < LIVENESS_TIMEOUT + 20, hit.elapsed
     assert re.search(message.format(pid=hit.pid), hit.output), hit.output[-5000:]
@@ -163,16 +172,43 @@ def signal_job(tmp_path, victim, sig, delay=0.0, np_=2, hosts=None, cluster=None
 CHAOS_RUNS = 4
 
 
+def chaos(run):
+    """Run `run`'s random fault: (victim, signal, delay after training started)."""
+    rng = random.Random(1000 + run)
+    return (rng.choice(["worker 0", "worker 1", "ps"]),
+            rng.choice([signal.SIGKILL, signal.SIGSTOP]), rng.uniform(0.0, 2.0))
+
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory):
+    """{(kind, victim or run): a future of the test's job}, for the selected tests."""
+    def key_of(item):
+        params = getattr(item, "callspec", None) and item.callspec.params
+        if not params:
+            return None
+        if "run" in params:
+            return "chaos", params["run"]
+        kind = "kill" if item.originalname == "test_killing_a_process_stops_the_job" else "stop"
+        return kind, params["victim"]
+
+    def run(key):
+        kind, which = key
+        folder = tmp_path_factory.mktemp(f"{kind}_{which}".replace(" ", "_"))
+        if kind == "kill":
+            return kill_job(folder, which)
+        if kind == "stop":
+            return signal_job(folder, which, signal.SIGSTOP)
+        return signal_job(folder, *chaos(which))
+    return concurrent_jobs(request, key_of, run)
+
+
 @pytest.mark.parametrize("run", range(CHAOS_RUNS))
-def test_chaos_a_random_role_killed_or_stopped_at_a_random_time(tmp_path, run):
+def test_chaos_a_random_role_killed_or_stopped_at_a_random_time(jobs, run):
     """Each run picks (from a seed shown on failure) a role, SIGKILL or SIGSTOP, and a moment
     after training started; the job must end in time, name that process, leave nothing."""
     seed = 1000 + run
-    rng = random.Random(seed)
-    victim = rng.choice(["worker 0", "worker 1", "ps"])
-    sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
-    delay = rng.uniform(0.0, 2.0)
-    hit = signal_job(tmp_path, victim, sig, delay)
+    victim, sig, delay = chaos(run)
+    hit = jobs[("chaos", run)].result()
     case = f"seed {seed}: {signal.Signals(sig).name} of {victim} after {delay:.2f} s"
     assert hit.returncode != 0, case
     assert hit.elapsed < LIVENESS_TIMEOUT + 20, (case, hit.elapsed)

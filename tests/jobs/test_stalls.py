@@ -1,7 +1,8 @@
 """Misuse that used to hang a job now ends it, within the liveness timeout, naming the cause.
 
 Each case is a real 2-worker horovodrun job (tests/support/workers/stall.py, liveness timeout 5 s)
-copied under a unique name, so the test can prove no process of it is left.
+copied under a unique name, so the test can prove no process of it is left. The jobs
+mostly wait (for a deadline or a timeout), so they run two at a time.
 """
 import os
 import re
@@ -9,7 +10,7 @@ import shutil
 
 import pytest
 
-from tests.support.launch import WORKERS, horovodrun, processes_running
+from tests.support.launch import WORKERS, concurrent_jobs, horovodrun, processes_running
 
 
 WORKER = r"worker {r} \(host localhost, pid \d+\)"
@@ -34,18 +35,33 @@ STUCK = {  # the first-step bound names where each worker waits
 }
 
 
-def _run(tmp_path, case, mode):
-    script = tmp_path / f"stall_{case}_{mode}_marker.py"
-    shutil.copy(os.path.join(WORKERS, "stall.py"), script)
-    proc = horovodrun(2, str(script), case, mode, timeout=180)
-    return proc, script.name
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory):
+    """{(case, mode): (CompletedProcess, the script's unique name)} of the selected tests."""
+    def key_of(item):
+        params = getattr(item, "callspec", None) and item.callspec.params
+        if not params:
+            return None
+        return params.get("case", "even_dataset"), params["mode"]
+
+    def run(key):
+        case, mode = key
+        folder = tmp_path_factory.mktemp(f"stall_{case}_{mode}")
+        script = folder / f"stall_{case}_{mode}_marker.py"
+        shutil.copy(os.path.join(WORKERS, "stall.py"), script)
+        return horovodrun(2, str(script), case, mode, timeout=180), script.name
+    return concurrent_jobs(request, key_of, run)
+
+
+def _run(jobs, case, mode):
+    return jobs[(case, mode)].result()
 
 
 # The arrival check runs before the mode matters: HYBRID alone covers it.
 @pytest.mark.parametrize("case, mode", [(c, m) for c in sorted(CASES) for m in ("HYBRID", "AR")
                                         if (c, m) != ("one_rank", "AR")])
-def test_misuse_ends_the_job_naming_the_cause(tmp_path, case, mode):
-    proc, marker = _run(tmp_path, case, mode)
+def test_misuse_ends_the_job_naming_the_cause(jobs, case, mode):
+    proc, marker = _run(jobs, case, mode)
     assert proc.returncode != 0, proc.stdout[-4000:]
     assert re.search(CASES[case], proc.stdout), proc.stdout[-4000:]
     # Every worker says why it stops (not just the one that noticed).
@@ -58,19 +74,19 @@ def test_misuse_ends_the_job_naming_the_cause(tmp_path, case, mode):
 
 
 @pytest.mark.parametrize("mode", ["HYBRID", "AR"])
-def test_equal_input_ends_cleanly(tmp_path, mode):
+def test_equal_input_ends_cleanly(jobs, mode):
     """The check must not fire when every worker's input ends at the same step."""
-    proc, marker = _run(tmp_path, "even_dataset", mode)
+    proc, marker = _run(jobs, "even_dataset", mode)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert proc.stdout.count("done after 6 steps") == 2
     assert processes_running(marker) == []
 
 
 @pytest.mark.parametrize("case, mode", sorted(STUCK), ids=[c for c, _ in sorted(STUCK)])
-def test_a_stuck_first_step_names_where_each_worker_waits(tmp_path, case, mode):
+def test_a_stuck_first_step_names_where_each_worker_waits(jobs, case, mode):
     """Config.first_step_deadline (20 s here, liveness timeout 60 s) ends a first step that
     waits forever, and the message says which stage each worker is in."""
-    proc, marker = _run(tmp_path, case, mode)
+    proc, marker = _run(jobs, case, mode)
     assert proc.returncode != 0, proc.stdout[-4000:]
     head = WORKER.format(r=0) + r" has been in its first training step for \d+ s, over " \
         r"tfpar.Config\(first_step_deadline=20\): "

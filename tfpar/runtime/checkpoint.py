@@ -70,17 +70,28 @@ def entries_of(graph: tf.Graph) -> Tuple[Entry, ...]:
     return tuple(out)
 
 
-def write(prefix: str, entries: Sequence[Entry], values: Sequence[np.ndarray]) -> str:
-    """Writes a TensorFlow (V2) checkpoint bundle at `prefix`; returns the prefix."""
-    g = tf.Graph()
-    with g.as_default(), tf.device("/cpu:0"):
-        feeds = [tf.compat.v1.placeholder(e.dtype, e.shape) for e in entries]
-        save = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[e.key for e in entries],
-                                 shape_and_slices=[e.slice_spec for e in entries],
-                                 tensors=feeds)
-        with tf.compat.v1.Session(graph=g, config=_local()) as sess:
-            sess.run(save, dict(zip(feeds, values)))
-    return prefix
+class Writer:
+    """Writes TensorFlow (V2) checkpoint bundles of `entries` from numpy values: its graph
+    and session are made once (a save every few steps must not rebuild them)."""
+
+    def __init__(self, entries: Sequence[Entry]):
+        self.entries = tuple(entries)
+        self._graph = tf.Graph()
+        with self._graph.as_default(), tf.device("/cpu:0"):
+            self._prefix = tf.compat.v1.placeholder(tf.string, [])
+            self._feeds = [tf.compat.v1.placeholder(e.dtype, e.shape) for e in self.entries]
+            self._save = tf.raw_ops.SaveV2(
+                prefix=self._prefix, tensor_names=[e.key for e in self.entries],
+                shape_and_slices=[e.slice_spec for e in self.entries], tensors=self._feeds)
+        self._session = tf.compat.v1.Session(graph=self._graph, config=_local())
+
+    def write(self, prefix: str, values: Sequence[np.ndarray]) -> str:
+        """Writes `values` (one per entry) at `prefix`; returns the prefix."""
+        self._session.run(self._save, {self._prefix: prefix, **dict(zip(self._feeds, values))})
+        return prefix
+
+    def close(self):
+        self._session.close()
 
 
 def read(path: str, entries: Sequence[Entry]) -> List[np.ndarray]:

@@ -278,6 +278,7 @@ class Runner:
         self._writer: Optional[threading.Thread] = None  # a background save's write
         self._writer_error: Optional[BaseException] = None
         self._tile_reads: Optional[list] = None  # (built by `tiles`)
+        self._checkpoint_writer: Optional[checkpoint.Writer] = None  # (made by the first save)
         self._autosave = None  # (folder, every steps, every secs, keep, last step, last time)
         self._inputs = checkpoint.InputPositions(graph, worker_id, num_workers)
 
@@ -353,7 +354,9 @@ class Runner:
 
     def _write(self, prefix: str, values, max_to_keep):
         try:
-            checkpoint.write(prefix, self._entries, values)
+            if self._checkpoint_writer is None:
+                self._checkpoint_writer = checkpoint.Writer(self._entries)
+            self._checkpoint_writer.write(prefix, values)
             checkpoint.record(prefix, max_to_keep)  # only a complete write becomes latest
         except BaseException as e:  # noqa: BLE001 (raised by the caller's next save/close)
             self._writer_error = e
@@ -570,6 +573,9 @@ class Runner:
             try:
                 self._wait_for_writer()  # a background checkpoint write ends first
             finally:
+                if self._checkpoint_writer is not None:
+                    self._checkpoint_writer.close()
+                    self._checkpoint_writer = None
                 if self._liveness is not None:
                     self._liveness.set_probe(None)
                 self._session.close()
