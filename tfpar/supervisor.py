@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from tfpar.runtime.horovodrun import COMMAND as HOROVODRUN
 
 _LAST_WORDS = re.compile(r"tfpar: (.*?); stopping (?:the job|worker \d+ of the job)")
 _FAILED = re.compile(r"\bfailed: (.*)$")
@@ -121,9 +121,8 @@ def run(options: Sequence[str], command: Sequence[str], restarts: int = 3,
     """
     echo = echo or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
     say = lambda text: echo(f"tfpar run: {text}\n")  # noqa: E731
-    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")  # this venv's
-    horovodrun = horovodrun or (beside if os.path.exists(beside) else
-                                shutil.which("horovodrun") or "horovodrun")
+    # This interpreter's Horovod launcher, its build check asked once, not at every launch.
+    launcher = [horovodrun] if horovodrun else list(HOROVODRUN)
     options = list(options)
     np_, hosts = _hosts(options)
     faults_of: collections.Counter = collections.Counter()
@@ -132,7 +131,7 @@ def run(options: Sequence[str], command: Sequence[str], restarts: int = 3,
     launches = 0
     while True:
         launches += 1
-        argv = [horovodrun, *options, *command]
+        argv = [*launcher, *options, *command]
         say(f"launch {launches}: {' '.join(argv)}")
         started = time.time()
         status, output = _launch(argv, echo)

@@ -1,6 +1,7 @@
 """The `horovodrun` command line of a job, locally or on an emulated cluster's hosts.
 
-One place builds it, for the tests and the benchmarks alike: Gloo, one slot a worker,
+One place builds it, for the tests and the benchmarks alike: horovodrun with its build
+check remembered (`tfpar.runtime.horovodrun`), Gloo, one slot a worker,
 the running interpreter on every host, and an environment in which `repo` (a checkout's
 root, for its `tests` and `examples` packages) is importable.
 """
@@ -10,7 +11,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+from tfpar.runtime.horovodrun import COMMAND as HOROVODRUN  # horovodrun, its checks remembered
 
 
 def horovodrun_command(np_: int, argv: Sequence[str], hosts: Optional[str] = None,
@@ -24,11 +25,13 @@ def horovodrun_command(np_: int, argv: Sequence[str], hosts: Optional[str] = Non
     in there would type it (Horovod reaches the others by ssh, in the same folder and
     environment); env: variables added to the environment.
     """
-    cmd = [HOROVODRUN, "--gloo", "-np", str(np_), "-H", hosts or f"localhost:{np_}",
-           sys.executable, *argv]
+    options = ["--gloo", "-np", str(np_), "-H", hosts or f"localhost:{np_}"]
     if cluster is not None:
         # Horovod caches which hosts it checked; emulated clusters reuse names and addresses.
-        cmd = cluster.command(cmd[:2] + ["--disable-cache"] + cmd[2:])
+        options.append("--disable-cache")
+    cmd = [*HOROVODRUN, *options, sys.executable, *argv]
+    if cluster is not None:
+        cmd = cluster.command(cmd)
     full = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=log_level, PYTHONUNBUFFERED="1")
     if repo is not None:
         full["PYTHONPATH"] = repo + os.pathsep + os.environ.get("PYTHONPATH", "")
