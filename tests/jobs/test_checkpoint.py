@@ -7,7 +7,8 @@ mode (from a checkpoint the single-device graph wrote with a plain Saver) and in
 workers, and into the plain single-device graph with a plain Saver and no tfpar. Every variable, slot and the global step equal the saved ones, and 3 more
 steps equal the uninterrupted run's (rtol 1e-5, atol 1e-6: the sums run in other orders).
 A checkpoint that lacks a variable restores nothing and raises. A process killed while
-saving leaves the previous checkpoint readable.
+saving leaves the previous checkpoint readable. A background save holds the values of its
+step boundary although training went on while it was written.
 """
 import json
 import os
@@ -53,7 +54,10 @@ def jobs(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("ckpt"))
     ckpt = os.path.join(tmp, "ckpt", "model")
     os.makedirs(os.path.dirname(ckpt))
-    _job(tmp, 2, [sc("train", save=ckpt, user_saver=True)])
+    # (A background save too: training goes on while it is written.)
+    _job(tmp, 2, [sc("train", save=ckpt, user_saver=True),
+                  sc("background", save=os.path.join(tmp, "background", "model"),
+                     background=True)])
     with open(os.path.join(tmp, "train", "saved.json")) as f:
         saved = json.load(f)
     resume = dict(first_step=3, steps=[0, 3])
@@ -104,6 +108,26 @@ def test_restored_runs_equal_the_saved_values_and_resume_exactly(jobs):
     assert len(plan["shared"]["parts"]) == 3  # another partition count than the saver's
     moved = [k for k in names if not np.allclose(train["saved/" + k], train["final/" + k])]
     assert "shared" in moved and "emb/part_0" in moved and "w1/Adam" in moved
+
+
+def test_a_background_save_holds_its_steps_values(jobs):
+    """Runner.save(background=True): the servers copy their parts at the step boundary and
+    the chief writes while 3 more steps run; the checkpoint has the boundary's values."""
+    tmp, _ = jobs
+    data = _load(tmp, "background")
+    with open(os.path.join(tmp, "background", "saved.json")) as f:
+        prefix = json.load(f)["runner"]
+    graph, _ = models.build(**MODEL)
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        tf.compat.v1.train.Saver().restore(sess, prefix)
+        variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        values = dict(zip([v.op.name for v in variables], sess.run(variables)))
+    assert set(values) == set(_names(data, "saved"))
+    for k, v in values.items():
+        np.testing.assert_array_equal(v, data[f"saved/{k}"], err_msg=k)
+    moved = [k for k in _names(data, "saved")
+             if not np.allclose(data[f"saved/{k}"], data[f"final/{k}"])]
+    assert "shared" in moved and "shared/Adam" in moved  # on the servers, trained on
 
 
 def test_the_checkpoint_is_the_single_device_models(jobs):

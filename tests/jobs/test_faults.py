@@ -182,14 +182,11 @@ def chaos(run):
 @pytest.fixture(scope="module")
 def jobs(request, tmp_path_factory):
     """{(kind, victim or run): a future of the test's job}, for the selected tests."""
-    def key_of(item):
-        params = getattr(item, "callspec", None) and item.callspec.params
-        if not params:
-            return None
+    def key_of(test, params):
         if "run" in params:
             return "chaos", params["run"]
-        kind = "kill" if item.originalname == "test_killing_a_process_stops_the_job" else "stop"
-        return kind, params["victim"]
+        return ("kill" if test == "test_killing_a_process_stops_the_job" else "stop"), \
+            params["victim"]
 
     def run(key):
         kind, which = key

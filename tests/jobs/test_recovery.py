@@ -3,7 +3,7 @@ have had without it (tests/support/workers/recover.py: HYBRID with an embedding 
 parameter servers, Adam, a checkpoint every 3 steps, input indexed by the global step,
 10 steps). Variables (slots included) are compared with an uninterrupted run within fp32
 rtol 1e-5 and atol 1e-6 (the same rows; sums over workers in another order where the
-worker count changed).
+worker count changed). The 2-worker jobs run two at a time: a relaunch mostly waits.
 """
 import json
 import os
@@ -12,7 +12,10 @@ import subprocess
 import sys
 import tempfile
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support.launch import REPO, WORKERS, horovodrun, processes_running
@@ -32,18 +35,12 @@ def tfpar_run(*args, timeout=420, cluster=None):
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
 
-_UNINTERRUPTED = {}
-
-
 def uninterrupted(tmp_path, *extra):
-    """The job's model without faults (2 workers), run once per set of arguments."""
-    if extra not in _UNINTERRUPTED:
-        out = str(tmp_path / "uninterrupted.npz")
-        proc = horovodrun(2, WORKER, str(tmp_path / "uninterrupted"), out, *extra,
-                          timeout=300)
-        assert proc.returncode == 0, proc.stdout[-6000:]
-        _UNINTERRUPTED[extra] = dict(np.load(out))
-    return _UNINTERRUPTED[extra]
+    """The job's model without faults (2 workers)."""
+    out = str(tmp_path / "uninterrupted.npz")
+    proc = horovodrun(2, WORKER, str(tmp_path / "uninterrupted"), out, *extra, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return dict(np.load(out))
 
 
 def assert_same_model(got, expected, steps=10):
@@ -54,37 +51,61 @@ def assert_same_model(got, expected, steps=10):
     assert int(got["global_step"]) == steps
 
 
-def test_a_killed_worker_is_relaunched_and_the_model_is_the_fault_free_one(tmp_path):
-    out = str(tmp_path / "final.npz")
-    proc = tfpar_run("--restarts", "2", "--gloo", "-np", "2", "-H", "localhost:2", "--",
-                     sys.executable, WORKER, str(tmp_path / "ckpt"), out, "--kill-at", "5",
-                     "--marker", str(tmp_path / "killed"))
+def _relaunched(folder, *extra, restarts="2"):
+    """`tfpar run` of the worker on 2 local workers: (its output, its final model or None)."""
+    out = os.path.join(folder, "final.npz")
+    proc = tfpar_run("--restarts", restarts, "--gloo", "-np", "2", "-H", "localhost:2", "--",
+                     sys.executable, WORKER, os.path.join(folder, "ckpt"), out, *extra)
+    return proc, (dict(np.load(out)) if os.path.exists(out) else None)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """The 2-worker jobs of this module, two at a time (a relaunch mostly waits: for the
+    fault to be named, for the job to end): {name: a future of its result}."""
+    def folder(name):
+        return str(tmp_path_factory.mktemp(name))
+
+    def killed(name, *extra):
+        d = folder(name)
+        return d, _relaunched(d, "--kill-at", "5", "--marker", os.path.join(d, "killed"),
+                              *extra)
+    jobs = {"killed": lambda: killed("killed"),
+            "dataset": lambda: killed("dataset", "--dataset"),
+            "script_error": lambda: _relaunched(folder("script_error"), "--raise-at", "2",
+                                                restarts="5"),
+            "reference": lambda: uninterrupted(tmp_path_factory.mktemp("reference")),
+            "reference_dataset": lambda: uninterrupted(
+                tmp_path_factory.mktemp("reference_dataset"), "--dataset")}
+    pool = ThreadPoolExecutor(2, thread_name_prefix="tfpar-test-job")
+    futures = {name: pool.submit(job) for name, job in jobs.items()}
+    pool.shutdown(wait=True)
+    return futures
+
+
+def test_a_killed_worker_is_relaunched_and_the_model_is_the_fault_free_one(local):
+    folder, (proc, final) = local["killed"].result()
     assert proc.returncode == 0, proc.stdout[-8000:]
-    assert os.path.exists(tmp_path / "killed")  # the fault happened
+    assert os.path.exists(os.path.join(folder, "killed"))  # the fault happened
     assert "launch 1 failed" in proc.stdout and "died" in proc.stdout, proc.stdout[-4000:]
     assert "the job succeeded (launch 2, 1 restart(s))" in proc.stdout
-    assert_same_model(np.load(out), uninterrupted(tmp_path))
+    assert_same_model(final, local["reference"].result())
     assert processes_running(WORKER) == []
 
 
-def test_a_tf_data_input_goes_on_where_each_worker_was(tmp_path):
+def test_a_tf_data_input_goes_on_where_each_worker_was(local):
     """The input is a tfpar.shard'ed tf.data pipeline: the checkpoint holds each worker's
     position in it, so the relaunched job trains on the rows it would have had."""
-    out = str(tmp_path / "final.npz")
-    proc = tfpar_run("--restarts", "2", "--gloo", "-np", "2", "-H", "localhost:2", "--",
-                     sys.executable, WORKER, str(tmp_path / "ckpt"), out, "--kill-at", "5",
-                     "--marker", str(tmp_path / "killed"), "--dataset")
+    folder, (proc, final) = local["dataset"].result()
     assert proc.returncode == 0, proc.stdout[-8000:]
     assert "the job succeeded (launch 2, 1 restart(s))" in proc.stdout
-    ckpt = str(tmp_path / "ckpt")
+    ckpt = os.path.join(folder, "ckpt")
     assert [f for f in os.listdir(ckpt) if ".input-1-of-2" in f]  # worker 1's position
-    assert_same_model(np.load(out), uninterrupted(tmp_path, "--dataset"))
+    assert_same_model(final, local["reference_dataset"].result())
 
 
-def test_a_script_error_is_reported_and_not_retried_endlessly(tmp_path):
-    proc = tfpar_run("--restarts", "5", "--gloo", "-np", "2", "-H", "localhost:2", "--",
-                     sys.executable, WORKER, str(tmp_path / "ckpt"), str(tmp_path / "f.npz"),
-                     "--raise-at", "2")
+def test_a_script_error_is_reported_and_not_retried_endlessly(local):
+    proc, _ = local["script_error"].result()
     assert proc.returncode != 0
     assert proc.stdout.count("tfpar run: launch ") == 2 + 2  # two launches, each announced
     assert "ValueError: a bug in the script at step 2" in proc.stdout

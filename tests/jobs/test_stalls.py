@@ -38,10 +38,7 @@ STUCK = {  # the first-step bound names where each worker waits
 @pytest.fixture(scope="module")
 def jobs(request, tmp_path_factory):
     """{(case, mode): (CompletedProcess, the script's unique name)} of the selected tests."""
-    def key_of(item):
-        params = getattr(item, "callspec", None) and item.callspec.params
-        if not params:
-            return None
+    def key_of(_, params):
         return params.get("case", "even_dataset"), params["mode"]
 
     def run(key):

@@ -80,8 +80,8 @@ def processes_running(marker: str):
 
 
 def concurrent_jobs(request, key_of, run, width=2):
-    """{key: a future of run(key)} for every selected test of the requesting module (its
-    key: key_of(item), None for a test without one), `width` jobs at a time.
+    """{key: a future of run(key)} for every selected parametrized test of the requesting
+    module (its key: key_of(test function's name, its parameters)), `width` jobs at a time.
 
     For a module whose jobs mostly wait (for a deadline, a liveness timeout, a relaunch):
     side by side they cost the suite little, and each job's own timings stay its own. A
@@ -89,9 +89,9 @@ def concurrent_jobs(request, key_of, run, width=2):
     from concurrent.futures import ThreadPoolExecutor
     keys = []
     for item in request.session.items:
-        if item.module is request.module:
-            key = key_of(item)
-            if key is not None and key not in keys:
+        if item.module is request.module and hasattr(item, "callspec"):
+            key = key_of(item.originalname, item.callspec.params)
+            if key not in keys:
                 keys.append(key)
     pool = ThreadPoolExecutor(width, thread_name_prefix="tfpar-test-job")
     futures = {k: pool.submit(run, k) for k in keys}

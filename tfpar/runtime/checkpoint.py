@@ -94,6 +94,53 @@ class Writer:
         self._session.close()
 
 
+class Snapshot:
+    """A copy of each parameter-server part, made on its server at a step boundary, for a
+    background save to read while training goes on: the step pays a copy on each server,
+    not the transfer of every part to the chief. The servers hold each part twice from
+    the first background save on. Ops built on first use.
+
+    parts: {variable name: [(part variable, start row, stop row or None)]}."""
+
+    def __init__(self, graph: tf.Graph, parts: Dict[str, List[Tuple[tf.Variable, int,
+                                                                    Optional[int]]]]):
+        self._graph, self._parts = graph, parts
+        self._take: Optional[tf.Operation] = None
+        self._reads: Dict[str, tf.Tensor] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._parts
+
+    def take(self, session) -> None:
+        """Copies every part, on its server (call it at a step boundary)."""
+        if self._take is None:
+            self._build()
+        session.run(self._take)
+
+    def read(self, session, names: Sequence[str]) -> List[np.ndarray]:
+        """The whole value of each named variable as the last `take` copied it."""
+        return session.run([self._reads[n] for n in names])
+
+    def _build(self):
+        copies = []
+        with self._graph.as_default():
+            for name, parts in sorted(self._parts.items()):
+                held = []
+                for var, _, _ in parts:
+                    # Named after the part (its name holds the rewrite's generation): the
+                    # servers' resources are shared by every runner of the job.
+                    with tf.device(var.device), \
+                            tf.compat.v1.name_scope(f"{var.op.name}/snapshot/"):
+                        value = tf.identity(var)  # (a reference variable's value too)
+                        copy = tf.compat.v1.Variable(
+                            tf.zeros(value.shape, value.dtype), trainable=False,
+                            collections=[], use_resource=True, name="copy")
+                        copies.append(copy.assign(value, read_value=False))
+                        held.append(copy.read_value())
+                self._reads[name] = held[0] if len(held) == 1 else tf.concat(held, 0)
+            self._take = tf.group(*copies)
+
+
 def read(path: str, entries: Sequence[Entry]) -> List[np.ndarray]:
     """The value of every entry in the checkpoint at `path` (a prefix, or a folder: its
     latest). Raises a TfparError naming every missing or mis-shaped variable before

@@ -8,7 +8,7 @@ import os
 import re
 import threading
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -279,6 +279,7 @@ class Runner:
         self._writer_error: Optional[BaseException] = None
         self._tile_reads: Optional[list] = None  # (built by `tiles`)
         self._checkpoint_writer: Optional[checkpoint.Writer] = None  # (made by the first save)
+        self._snapshot: Optional[checkpoint.Snapshot] = None  # (by the first background save)
         self._autosave = None  # (folder, every steps, every secs, keep, last step, last time)
         self._inputs = checkpoint.InputPositions(graph, worker_id, num_workers)
 
@@ -317,9 +318,10 @@ class Runner:
         Every worker that calls it also writes where its `tf.data` iterators are
         (`<prefix>.input-<rank>-of-<N>`), so a restore with the same worker count goes on
         with the data where it was: call it on every worker for that.
-        background: copy the variables now (a consistent snapshot at this step boundary)
-        and write them in a thread, so training goes on; the next save and `close` wait
-        for the write (and raise its error, if it failed).
+        background: copy the variables now (a consistent snapshot at this step boundary:
+        the parameter servers copy their parts where they are, and keep that copy) and
+        read the copies and write them in a thread, so training goes on; the next save
+        and `close` wait for the write (and raise its error, if it failed).
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
@@ -337,26 +339,34 @@ class Runner:
             self._inputs.save(self._session, prefix, max_to_keep)
         if not self.is_chief:
             return None
-        rest = [e for e in self._entries if e.name not in gathered]
-        values = dict(zip((e.name for e in rest),
-                          self._session.run([self._read(e.name) for e in rest])))
-        values = [gathered[e.name] if e.name in gathered else values[e.name]
-                  for e in self._entries]
-        self._wait_for_writer()
+        self._wait_for_writer()  # (it may still read the servers' last snapshot)
+        on_servers = []
+        if background and self._ps is not None and self._ps.parts:
+            # The servers copy their parts now; the writer reads the copies.
+            if self._snapshot is None:
+                self._snapshot = checkpoint.Snapshot(self._graph, self._ps.parts)
+            self._snapshot.take(self._session)
+            on_servers = [e.name for e in self._entries if e.name in self._snapshot]
+        rest = [e.name for e in self._entries if e.name not in gathered
+                and e.name not in on_servers]
+        values = {**gathered, **dict(zip(rest, self._session.run(
+            [self._read(n) for n in rest])))}
         if background:
             self._writer = threading.Thread(target=self._write, name="tfpar-checkpoint",
-                                            args=(prefix, values, max_to_keep))
+                                            args=(prefix, values, on_servers, max_to_keep))
             self._writer.start()
         else:
-            self._write(prefix, values, max_to_keep)
+            self._write(prefix, values, on_servers, max_to_keep)
             self._wait_for_writer()
         return prefix
 
-    def _write(self, prefix: str, values, max_to_keep):
+    def _write(self, prefix: str, values: dict, on_servers: List[str], max_to_keep):
         try:
+            if on_servers:
+                values.update(zip(on_servers, self._snapshot.read(self._session, on_servers)))
             if self._checkpoint_writer is None:
                 self._checkpoint_writer = checkpoint.Writer(self._entries)
-            self._checkpoint_writer.write(prefix, values)
+            self._checkpoint_writer.write(prefix, [values[e.name] for e in self._entries])
             checkpoint.record(prefix, max_to_keep)  # only a complete write becomes latest
         except BaseException as e:  # noqa: BLE001 (raised by the caller's next save/close)
             self._writer_error = e

@@ -3,7 +3,7 @@
 usage: horovodrun -np N ... python checkpoint.py SCENARIOS_JSON OUT_DIR
 Each scenario: {"name", "model": kwargs of models.build, "config": kwargs of tfpar.Config,
 "global_batch", "restore": prefix or null, "save": path or null, "user_saver": bool,
-"first_step", "steps": [k before saving, k after]}. The data of step s is step s of
+"first_step", "steps": [k before saving, k after], "background": save in the background}. The data of step s is step s of
 models.batches(..., global_batch), split evenly over the workers, so any worker count
 trains on the same global batches. Writes OUT_DIR/<name>/rank<r>.npz with the values at
 start (after a restore), at the save and at the end, and saved.json (the prefixes).
@@ -50,7 +50,8 @@ def main(spec_path, out_dir):
             for s, (x, y, ids) in enumerate(data):
                 if s == before and sc.get("save"):
                     arrays.update({f"saved/{n}": v for n, v in zip(names, runner.run(variables))})
-                    saved["runner"] = runner.save(sc["save"])
+                    saved["runner"] = runner.save(sc["save"],
+                                                  background=sc.get("background", False))
                     if saver is not None and runner.is_chief:
                         saved["saver"] = saver.save(runner.session, sc["save"] + "_saver",
                                                     global_step=before)
