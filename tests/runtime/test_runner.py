@@ -1,5 +1,6 @@
 """The Runner in one process (a Horovod job of size 1): name mapping, errors, lifecycle."""
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -188,8 +189,16 @@ def test_config_checkpoint_dir_resumes_without_code(tmp_path):
     assert [p.rsplit("-", 1)[1] for p in state.all_model_checkpoint_paths] == ["2", "4"]
     reader = tf.train.load_checkpoint(folder)
     assert int(reader.get_tensor("global_step")) == 4
+    # What a save killed mid-write leaves (TensorFlow's bundle writer's temporary files):
+    # deleted when the job resumes; the complete checkpoints stay.
+    partial = [os.path.join(folder, f"model.ckpt-6{s}.tempstate123") for s in
+               (".index", ".data-00000-of-00001")]
+    for f in partial:
+        open(f, "w").close()
     graph2, h2 = models.build(optimizer="adam", init_seed=2)  # other initial values
     with tfpar.get_runner(graph2, config=config) as runner:
+        assert not any(os.path.exists(f) for f in partial)
+        assert os.path.exists(state.all_model_checkpoint_paths[-1] + ".index")
         assert int(runner.run(_variable(graph2, "global_step"))) == 4
         np.testing.assert_array_equal(runner.run(_variable(graph2, "w1")),
                                       reader.get_tensor("w1"))

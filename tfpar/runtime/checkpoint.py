@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import itertools
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -70,75 +71,105 @@ def entries_of(graph: tf.Graph) -> Tuple[Entry, ...]:
     return tuple(out)
 
 
-class Writer:
-    """Writes TensorFlow (V2) checkpoint bundles of `entries` from numpy values: its graph
-    and session are made once (a save every few steps must not rebuild them)."""
+class SaveOps:
+    """The chief's checkpoint write as ops of the rewritten graph, built on first use: one
+    SaveV2 fed by the variables' values (`write`) or by copies taken at a step boundary
+    (`take`, then `write(copies=True)` in a thread while training goes on). No value passes
+    through numpy or another session. The copies of parameter-server parts are made on their
+    servers (each holds its parts twice from the first background save on), those of the
+    other variables on the chief.
 
-    def __init__(self, entries: Sequence[Entry]):
+    reads: {variable name: its value in the rewritten graph}, for every entry not `fed`;
+    parts: {variable name: [(part variable, start row, stop row or None)]} (PS variables);
+    fed: the entries given as numpy values to `write` (variables split over the workers,
+    gathered by a collective); chief: the chief's CPU (where its copies are made);
+    writer: the CPU that runs SaveV2, on the chief's host: in a PS job the parameter server
+    there, so the parts it holds (on one host: all of them) reach the file without a
+    transfer to the chief and its serialisation, which on a loaded host costs the training
+    more than the write itself."""
+
+    _made = itertools.count()  # (runners of one process must not share the chief's copies)
+
+    def __init__(self, graph: tf.Graph, entries: Sequence[Entry], reads: Dict[str, tf.Tensor],
+                 parts: Dict[str, List[Tuple[tf.Variable, int, Optional[int]]]],
+                 fed: Sequence[str], chief: str, writer: str):
         self.entries = tuple(entries)
-        self._graph = tf.Graph()
-        with self._graph.as_default(), tf.device("/cpu:0"):
-            self._prefix = tf.compat.v1.placeholder(tf.string, [])
-            self._feeds = [tf.compat.v1.placeholder(e.dtype, e.shape) for e in self.entries]
-            self._save = tf.raw_ops.SaveV2(
-                prefix=self._prefix, tensor_names=[e.key for e in self.entries],
-                shape_and_slices=[e.slice_spec for e in self.entries], tensors=self._feeds)
-        self._session = tf.compat.v1.Session(graph=self._graph, config=_local())
-
-    def write(self, prefix: str, values: Sequence[np.ndarray]) -> str:
-        """Writes `values` (one per entry) at `prefix`; returns the prefix."""
-        self._session.run(self._save, {self._prefix: prefix, **dict(zip(self._feeds, values))})
-        return prefix
-
-    def close(self):
-        self._session.close()
-
-
-class Snapshot:
-    """A copy of each parameter-server part, made on its server at a step boundary, for a
-    background save to read while training goes on: the step pays a copy on each server,
-    not the transfer of every part to the chief. The servers hold each part twice from
-    the first background save on. Ops built on first use.
-
-    parts: {variable name: [(part variable, start row, stop row or None)]}."""
-
-    def __init__(self, graph: tf.Graph, parts: Dict[str, List[Tuple[tf.Variable, int,
-                                                                    Optional[int]]]]):
-        self._graph, self._parts = graph, parts
+        self._graph, self._reads, self._parts = graph, reads, parts
+        self._chief, self._writer = chief, writer
+        self._fed = set(fed)
+        self._scope = f"tfpar/snapshot{next(self._made)}/"
+        self._prefix: Optional[tf.Tensor] = None
+        self._feeds: Dict[str, tf.Tensor] = {}
+        self._saves: Dict[bool, tf.Operation] = {}  # copies? -> its SaveV2
         self._take: Optional[tf.Operation] = None
-        self._reads: Dict[str, tf.Tensor] = {}
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._parts
+        self._copies: Dict[str, tf.Tensor] = {}
 
     def take(self, session) -> None:
-        """Copies every part, on its server (call it at a step boundary)."""
+        """Copies every variable not fed (call it at a step boundary)."""
         if self._take is None:
-            self._build()
+            self._build_copies()
         session.run(self._take)
 
-    def read(self, session, names: Sequence[str]) -> List[np.ndarray]:
-        """The whole value of each named variable as the last `take` copied it."""
-        return session.run([self._reads[n] for n in names])
+    def write(self, session, prefix: str, fed: Dict[str, np.ndarray], copies: bool = False
+              ) -> str:
+        """Writes the checkpoint bundle at `prefix` from the variables (or from the last
+        `take`'s copies) and the `fed` values; returns the prefix."""
+        if copies not in self._saves:
+            self._build_save(copies)
+        session.run(self._saves[copies], {self._prefix: prefix,
+                                          **{self._feeds[n]: v for n, v in fed.items()}})
+        return prefix
 
-    def _build(self):
-        copies = []
+    def _build_save(self, copies: bool):
+        if copies and self._take is None:
+            self._build_copies()
+        with self._graph.as_default(), tf.device(self._writer), \
+                tf.compat.v1.name_scope(self._scope):
+            if self._prefix is None:
+                self._prefix = tf.compat.v1.placeholder(tf.string, [], name="prefix")
+            values = []
+            for e in self.entries:
+                if e.name in self._fed:
+                    if e.name not in self._feeds:
+                        self._feeds[e.name] = tf.compat.v1.placeholder(e.dtype, e.shape)
+                    values.append(self._feeds[e.name])
+                else:
+                    values.append(self._copies[e.name] if copies else self._reads[e.name])
+            self._saves[copies] = tf.raw_ops.SaveV2(
+                prefix=self._prefix, tensor_names=[e.key for e in self.entries],
+                shape_and_slices=[e.slice_spec for e in self.entries], tensors=values)
+
+    def _build_copies(self):
+        assigns = []
         with self._graph.as_default():
-            for name, parts in sorted(self._parts.items()):
-                held = []
-                for var, _, _ in parts:
-                    # Named after the part (its name holds the rewrite's generation): the
-                    # servers' resources are shared by every runner of the job.
-                    with tf.device(var.device), \
-                            tf.compat.v1.name_scope(f"{var.op.name}/snapshot/"):
-                        value = tf.identity(var)  # (a reference variable's value too)
-                        copy = tf.compat.v1.Variable(
-                            tf.zeros(value.shape, value.dtype), trainable=False,
-                            collections=[], use_resource=True, name="copy")
-                        copies.append(copy.assign(value, read_value=False))
-                        held.append(copy.read_value())
-                self._reads[name] = held[0] if len(held) == 1 else tf.concat(held, 0)
-            self._take = tf.group(*copies)
+            for e in self.entries:
+                if e.name in self._fed:
+                    continue
+                if e.name in self._parts:
+                    held = []
+                    for var, _, _ in self._parts[e.name]:
+                        # Named after the part (its name holds the rewrite's generation):
+                        # the servers' resources are shared by every runner of the job.
+                        with tf.device(var.device), \
+                                tf.compat.v1.name_scope(f"{var.op.name}/snapshot/"):
+                            copy, assign = _copy_of(tf.identity(var))  # (a ref variable too)
+                        assigns.append(assign)
+                        held.append(copy)
+                    with tf.device(self._writer):
+                        self._copies[e.name] = held[0] if len(held) == 1 else tf.concat(held, 0)
+                else:
+                    with tf.device(self._chief), \
+                            tf.compat.v1.name_scope(self._scope + e.name + "/"):
+                        self._copies[e.name], assign = _copy_of(self._reads[e.name])
+                    assigns.append(assign)
+            self._take = tf.group(*assigns)
+
+
+def _copy_of(value: tf.Tensor) -> Tuple[tf.Tensor, tf.Operation]:
+    """(a read of a new variable holding a copy of `value`, the op that copies it there)."""
+    copy = tf.compat.v1.Variable(tf.zeros(value.shape, value.dtype), trainable=False,
+                                 collections=[], use_resource=True, name="copy")
+    return copy.read_value(), copy.assign(value, read_value=False)
 
 
 def read(path: str, entries: Sequence[Entry]) -> List[np.ndarray]:
@@ -183,6 +214,19 @@ def resolve(path: str) -> str:
         raise TfparError(f"no checkpoint at {path!r} (no {path}.index): give the prefix that "
                          "Runner.save returned, or the folder it wrote to")
     return path
+
+
+def remove_partial_writes(folder: str) -> List[str]:
+    """Deletes the files of checkpoint writes that never finished in `folder` (TensorFlow's
+    bundle writer writes `<file>.tempstate<n>` and renames it when complete: a process
+    killed while saving leaves them). Returns what it deleted."""
+    partial = glob.glob(os.path.join(folder, "*.tempstate*"))
+    for f in partial:
+        try:
+            os.remove(f)
+        except FileNotFoundError:
+            pass
+    return partial
 
 
 def record(prefix: str, max_to_keep: Optional[int]) -> None:

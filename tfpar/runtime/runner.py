@@ -27,6 +27,7 @@ from tfpar.runtime.sharding import with_shard_values
 from tfpar.transform import stages, surgery
 from tfpar.graph.graph_copy import copy_graph, to_meta_graph
 from tfpar.graph.naming import safe_name
+from tfpar.transform.parameter_server import ps_device, worker_device
 from tfpar.transform.rewrite import rewrite
 from tfpar.transform.tiled import chains, predicted_bytes, tile_of, whole
 from tfpar.transform.traffic import PATHS, counters
@@ -278,8 +279,7 @@ class Runner:
         self._writer: Optional[threading.Thread] = None  # a background save's write
         self._writer_error: Optional[BaseException] = None
         self._tile_reads: Optional[list] = None  # (built by `tiles`)
-        self._checkpoint_writer: Optional[checkpoint.Writer] = None  # (made by the first save)
-        self._snapshot: Optional[checkpoint.Snapshot] = None  # (by the first background save)
+        self._save_ops: Optional[checkpoint.SaveOps] = None  # (built by the first save)
         self._autosave = None  # (folder, every steps, every secs, keep, last step, last time)
         self._inputs = checkpoint.InputPositions(graph, worker_id, num_workers)
 
@@ -319,9 +319,9 @@ class Runner:
         (`<prefix>.input-<rank>-of-<N>`), so a restore with the same worker count goes on
         with the data where it was: call it on every worker for that.
         background: copy the variables now (a consistent snapshot at this step boundary:
-        the parameter servers copy their parts where they are, and keep that copy) and
-        read the copies and write them in a thread, so training goes on; the next save
-        and `close` wait for the write (and raise its error, if it failed).
+        the parameter servers copy their parts where they are and keep that copy, the chief
+        its other variables) and write the copies in a thread, so training goes on; the
+        next save and `close` wait for the write (and raise its error, if it failed).
         """
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
@@ -339,34 +339,32 @@ class Runner:
             self._inputs.save(self._session, prefix, max_to_keep)
         if not self.is_chief:
             return None
-        self._wait_for_writer()  # (it may still read the servers' last snapshot)
-        on_servers = []
-        if background and self._ps is not None and self._ps.parts:
-            # The servers copy their parts now; the writer reads the copies.
-            if self._snapshot is None:
-                self._snapshot = checkpoint.Snapshot(self._graph, self._ps.parts)
-            self._snapshot.take(self._session)
-            on_servers = [e.name for e in self._entries if e.name in self._snapshot]
-        rest = [e.name for e in self._entries if e.name not in gathered
-                and e.name not in on_servers]
-        values = {**gathered, **dict(zip(rest, self._session.run(
-            [self._read(n) for n in rest])))}
+        self._wait_for_writer()  # (it may still read the last snapshot)
+        if self._save_ops is None:
+            fed = [e.name for e in tiled]
+            self._save_ops = checkpoint.SaveOps(
+                self._graph, self._entries,
+                {e.name: self._read(e.name) for e in self._entries if e.name not in gathered},
+                self._ps.parts if self._ps is not None else {}, fed,
+                chief=(worker_device(0) if self._ps is not None else "") + "/device:CPU:0",
+                writer=(ps_device(self._plan.host_of_rank(0)) if self._ps is not None
+                        else "/device:CPU:0"))
         if background:
+            # A copy of every variable now (the servers copy their parts where they are);
+            # the thread writes the copies while training goes on.
+            self._save_ops.take(self._session)
             self._writer = threading.Thread(target=self._write, name="tfpar-checkpoint",
-                                            args=(prefix, values, on_servers, max_to_keep))
+                                            args=(prefix, gathered, True, max_to_keep))
             self._writer.start()
         else:
-            self._write(prefix, values, on_servers, max_to_keep)
+            self._write(prefix, gathered, False, max_to_keep)
             self._wait_for_writer()
         return prefix
 
-    def _write(self, prefix: str, values: dict, on_servers: List[str], max_to_keep):
+    def _write(self, prefix: str, fed: dict, copies: bool, max_to_keep):
         try:
-            if on_servers:
-                values.update(zip(on_servers, self._snapshot.read(self._session, on_servers)))
-            if self._checkpoint_writer is None:
-                self._checkpoint_writer = checkpoint.Writer(self._entries)
-            self._checkpoint_writer.write(prefix, [values[e.name] for e in self._entries])
+            # (absolute: in a PS job the write runs in the chief host's server process)
+            self._save_ops.write(self._session, os.path.abspath(prefix), fed, copies)
             checkpoint.record(prefix, max_to_keep)  # only a complete write becomes latest
         except BaseException as e:  # noqa: BLE001 (raised by the caller's next save/close)
             self._writer_error = e
@@ -383,6 +381,8 @@ class Runner:
         """Config.checkpoint_dir: restore its latest checkpoint (every worker), then save
         there periodically (see `run`)."""
         folder = checkpoint.checkpoint_folder(config.checkpoint_dir)
+        if self.is_chief:
+            checkpoint.remove_partial_writes(folder)  # of a save a fault cut short
         if tf.train.latest_checkpoint(folder):
             restored = self.restore(folder)
             if self.is_chief:
@@ -583,9 +583,6 @@ class Runner:
             try:
                 self._wait_for_writer()  # a background checkpoint write ends first
             finally:
-                if self._checkpoint_writer is not None:
-                    self._checkpoint_writer.close()
-                    self._checkpoint_writer = None
                 if self._liveness is not None:
                     self._liveness.set_probe(None)
                 self._session.close()
