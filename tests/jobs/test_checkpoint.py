@@ -9,6 +9,11 @@ steps equal the uninterrupted run's (rtol 1e-5, atol 1e-6: the sums run in other
 A checkpoint that lacks a variable restores nothing and raises. A process killed while
 saving leaves the previous checkpoint readable. A background save holds the values of its
 step boundary although training went on while it was written.
+
+Route "sharded" (the embeddings' rows over the workers) in the same jobs, on the model
+without clipping: a checkpoint saved by 2 workers with it restores into the "ps" route,
+into 2 hosts x 2 workers sharded, and into the plain single-device graph, whose own save
+restores into "sharded" again; each resumes exactly.
 """
 import json
 import os
@@ -28,6 +33,8 @@ from tests.support.launch import REPO, WORKERS, horovodrun
 RTOL, ATOL = 1e-5, 1e-6
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
 MODEL = {"optimizer": "adam", "emb_partitions": 2, "shared_embedding": True, "clip": 2.0}
+SHARDED_MODEL = {k: v for k, v in MODEL.items() if k != "clip"}
+SHARDED = {"sparse_route": "sharded"}
 GLOBAL_BATCH = 16
 
 
@@ -44,8 +51,8 @@ def _load(tmp, name, rank=0):
     return np.load(os.path.join(tmp, name, f"rank{rank}.npz"))
 
 
-def sc(name, config=None, **kw):
-    return {"name": name, "model": MODEL, "config": config or {}, "global_batch": GLOBAL_BATCH,
+def sc(name, config=None, model=MODEL, **kw):
+    return {"name": name, "model": model, "config": config or {}, "global_batch": GLOBAL_BATCH,
             "first_step": 0, "steps": [3, 3], **kw}
 
 
@@ -57,23 +64,35 @@ def jobs(tmp_path_factory):
     # (A background save too: training goes on while it is written.)
     _job(tmp, 2, [sc("train", save=ckpt, user_saver=True),
                   sc("background", save=os.path.join(tmp, "background", "model"),
-                     background=True)])
-    with open(os.path.join(tmp, "train", "saved.json")) as f:
-        saved = json.load(f)
+                     background=True),
+                  sc("sharded", SHARDED, SHARDED_MODEL,
+                     save=os.path.join(tmp, "sharded", "ckpt", "model"))])
+    saved = {}
+    for name in ("train", "sharded"):
+        with open(os.path.join(tmp, name, "saved.json")) as f:
+            saved.update({(k if name == "train" else f"{name}_{k}"): v
+                          for k, v in json.load(f).items()})
     resume = dict(first_step=3, steps=[0, 3])
     # A checkpoint the plain single-device graph wrote itself (no tfpar): restore the runner's
     # with a Saver, save it again with that Saver.
-    graph, _ = models.build(**MODEL)
-    with graph.as_default():
-        saver = tf.compat.v1.train.Saver()
-        with tf.compat.v1.Session(graph=graph) as sess:
-            saver.restore(sess, saved["runner"])
-            saved["single"] = saver.save(sess, os.path.join(tmp, "single", "model"),
-                                         global_step=3)
+    for name, model, prefix in (("single", MODEL, saved["runner"]),
+                                ("sharded_single", SHARDED_MODEL, saved["sharded_runner"])):
+        graph, _ = models.build(**model)
+        with graph.as_default():
+            saver = tf.compat.v1.train.Saver()
+            with tf.compat.v1.Session(graph=graph) as sess:
+                saver.restore(sess, prefix)
+                saved[name] = saver.save(sess, os.path.join(tmp, name, "model"), global_step=3)
     _job(tmp, 4, [sc("hybrid_2x2", {"partitions": 3}, restore=saved["runner"], **resume),
-                  sc("hybrid_2x2_from_folder", restore=os.path.dirname(ckpt), **resume)],
+                  sc("hybrid_2x2_from_folder", restore=os.path.dirname(ckpt), **resume),
+                  sc("sharded_2x2", SHARDED, SHARDED_MODEL, restore=saved["sharded_runner"],
+                     **resume)],
          hosts=TWO_HOSTS)
-    _job(tmp, 2, [sc("ps", {"run_mode": "PS"}, restore=saved["single"], **resume),
+    _job(tmp, 2, [sc("sharded_to_ps", {}, SHARDED_MODEL, restore=saved["sharded_runner"],
+                     **resume),
+                  sc("sharded_from_single", SHARDED, SHARDED_MODEL,
+                     restore=saved["sharded_single"], **resume),
+                  sc("ps", {"run_mode": "PS"}, restore=saved["single"], **resume),
                   sc("ar", {"run_mode": "AR"}, restore=saved["runner"], **resume),
                   sc("user_saver", restore=saved["saver"], user_saver=True,
                      restore_with_saver=True, **resume),
@@ -108,6 +127,35 @@ def test_restored_runs_equal_the_saved_values_and_resume_exactly(jobs):
     assert len(plan["shared"]["parts"]) == 3  # another partition count than the saver's
     moved = [k for k in names if not np.allclose(train["saved/" + k], train["final/" + k])]
     assert "shared" in moved and "emb/part_0" in moved and "w1/Adam" in moved
+
+
+def test_a_sharded_checkpoint_restores_into_any_route_and_back(jobs):
+    """Saved by 2 workers with route "sharded" (every worker takes part: the rows are
+    gathered from their owners); restored into "ps", into 4 workers on 2 hosts sharded, and
+    from the single-device graph's own save into "sharded": restored values bit for bit,
+    and 3 more steps equal the uninterrupted run."""
+    tmp, saved = jobs
+    train = _load(tmp, "sharded")
+    names = _names(train, "saved")
+    plan = {v["name"]: v for v in json.loads(str(train["plan"]))["variables"]}
+    assert plan["shared"]["route"] == plan["emb/part_0"]["route"] == "sharded"
+    shapes = tf.compat.v1.train.NewCheckpointReader(
+        saved["sharded_runner"]).get_variable_to_shape_map()
+    assert shapes["shared"] == [models.SHARED_VOCAB, models.IN] and "shared/Adam" in shapes
+    for name, n, route in (("sharded_to_ps", 2, "ps"), ("sharded_2x2", 4, "sharded"),
+                           ("sharded_from_single", 2, "sharded")):
+        for rank in range(n):
+            data = _load(tmp, name, rank)
+            assert str(data["error"]) == ""
+            plan = {v["name"]: v for v in json.loads(str(data["plan"]))["variables"]}
+            assert plan["shared"]["route"] == route
+            for k in names:
+                np.testing.assert_array_equal(data[f"start/{k}"], train[f"saved/{k}"],
+                                              err_msg=f"{name}: restored {k} on worker {rank}")
+                np.testing.assert_allclose(data[f"final/{k}"], train[f"final/{k}"], rtol=RTOL,
+                                           atol=ATOL, err_msg=f"{name}: {k} on worker {rank}")
+    moved = [k for k in names if not np.allclose(train["saved/" + k], train["final/" + k])]
+    assert "shared" in moved and "shared/Adam" in moved and "emb/part_1" in moved
 
 
 def test_a_background_save_holds_its_steps_values(jobs):

@@ -7,6 +7,14 @@ equal a single-device run on the concatenated batch that started from worker 0's
 
 Tolerance: fp32, rtol=1e-5 and atol=1e-6. Gradients summed in another order (per worker,
 then across workers) differ in the last bits; nothing else may differ.
+
+Route "sharded" (sparse_route="sharded": the embedding's rows and slots split over the
+workers, exchanged by all-to-all) runs in the same jobs. Its `vocab` scenarios draw ids
+over the whole vocabulary with every fifth id 3 (duplicated within and across workers;
+every worker owns rows the others look up); "sgd_few_ids" draws them from the first half
+(on 2 workers only worker 0 owns rows that are looked up: the other sends and receives
+nothing but takes part). No server is started for it: after training, each worker
+listens on the same sockets as in the Horovod-only scenarios, and has no child process.
 """
 import json
 import os
@@ -15,6 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.support import models
 from tests.support.launch import job_results
 from tests.support.reference import ATOL, RTOL, check, each_scenario, single_device
 
@@ -51,6 +60,32 @@ SCENARIOS_2 = [
     sc("adam_batch_norm_moments_cond", {"optimizer": "adam", "batch_norm": "moments_cond"}),
     sc("momentum_batch_norm_cond_tf2", {"optimizer": "momentum", "batch_norm": "cond_tf2"}),
 ]
+
+
+def sharded(name, model, config=None, vocab=models.VOCAB):
+    return {**sc(f"sharded_{name}", {"sparse": True, **model},
+                 {"sparse_route": "sharded", **(config or {})}), "vocab": vocab}
+
+
+SHARDED_2 = [
+    sharded("sgd", {"optimizer": "sgd"}),
+    sharded("adagrad", {"optimizer": "adagrad"}),
+    sharded("adam", {"optimizer": "adam"}),
+    sharded("momentum", {"optimizer": "momentum"}),
+    sharded("ftrl", {"optimizer": "ftrl"}),
+    sharded("adagrad_sum", {"optimizer": "adagrad", "reduce": "sum"},
+            {"average_dense": False, "average_sparse": False}),
+    sharded("adam_ref_variables", {"optimizer": "adam", "use_resource": False}),
+    sharded("sgd_few_ids", {"optimizer": "sgd"}, vocab=None),
+    # The user's partitioned embedding (each piece sharded) and one read by two lookups.
+    sharded("adam_partitioned_and_shared", {"optimizer": "adam", "emb_partitions": 2,
+                                            "shared_embedding": True}, vocab=models.PS_VOCAB),
+]
+SHARDED_3 = [
+    sharded("adagrad", {"optimizer": "adagrad"}),
+    sharded("ftrl", {"optimizer": "ftrl"}),
+    sharded("momentum_ref_variables", {"optimizer": "momentum", "use_resource": False}),
+]
 SCENARIOS_3 = [
     sc("sgd_average", {"optimizer": "sgd"}),
     sc("momentum_sum", {"optimizer": "momentum", "reduce": "sum"}, {"average_dense": False}),
@@ -61,9 +96,9 @@ SCENARIOS_3 = [
                                         "clip": 0.05}),
 ]
 
-results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2)
+results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2 + SHARDED_2)
 
-results3 = job_results("results3", "equivalence3", 3, SCENARIOS_3)
+results3 = job_results("results3", "equivalence3", 3, SCENARIOS_3 + SHARDED_3)
 
 
 @each_scenario(SCENARIOS_2)
@@ -95,3 +130,37 @@ def test_clipping_is_active_and_needs_the_combined_gradient(results2):
     clipped, _ = single_device(scenario, 2, init)
     unclipped, _ = single_device({**scenario, "model": {"optimizer": "sgd"}}, 2, init)
     assert not np.allclose(clipped["w1"], unclipped["w1"], rtol=RTOL, atol=ATOL)
+
+
+def check_sharded(ranks, n):
+    plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
+    assert plan["emb"]["route"] == "sharded"
+    assert plan["emb"]["tiling"] == ("R" if n == 2 else f"R{n}")  # rows over the n workers
+    slots = [v for v in plan.values() if v["slot_of"] == "emb"]
+    assert all(s["route"] == "sharded" and s["tiling"] == plan["emb"]["tiling"] for s in slots)
+    assert plan["w1"]["route"] == "allreduce"
+    for rank in ranks:
+        traffic = json.loads(str(rank["communication"]))
+        assert traffic["sharded"] > 0 and traffic["ps_push"] == traffic["ps_pull"] == 0, traffic
+
+
+@each_scenario(SHARDED_2)
+def test_sharded_on_two_workers_equals_single_device(results2, scenario):
+    check_sharded(check(results2, scenario, 2), 2)
+
+
+@each_scenario(SHARDED_3)
+def test_sharded_on_three_workers_equals_single_device(results3, scenario):
+    check_sharded(check(results3, scenario, 3), 3)
+
+
+def test_sharded_starts_no_server(results2):
+    """Only Horovod listens: the same sockets as in a Horovod-only scenario of the job (no
+    TensorFlow server, no parameter server process, no tfpar socket), on every worker."""
+    for rank in range(2):
+        horovod_only = np.load(os.path.join(results2, SCENARIOS_2[0]["name"], f"rank{rank}.npz"))
+        for scenario in SHARDED_2:
+            data = np.load(os.path.join(results2, scenario["name"], f"rank{rank}.npz"))
+            assert json.loads(str(data["children"])) == []
+            assert json.loads(str(data["listening"])) == json.loads(
+                str(horovod_only["listening"])), scenario["name"]

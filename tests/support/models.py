@@ -14,6 +14,8 @@ OPTIMIZERS = {
     "momentum": lambda s: tf1.train.MomentumOptimizer(0.05 * s, 0.9),
     "adam": lambda s: tf1.train.AdamOptimizer(0.01 * s),
     "adagrad": lambda s: tf1.train.AdagradOptimizer(0.1 * s),
+    "ftrl": lambda s: tf1.train.FtrlOptimizer(0.1 * s, l1_regularization_strength=0.001,
+                                              l2_regularization_strength=0.001),
 }
 
 

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Callable, Dict, Optional, Tuple, Union
 
 from tfpar.errors import TfparError
+from tfpar.plan.routing import FIXED_SPARSE_ROUTES
 
 RUN_MODES = ("HYBRID", "AR", "PS")
 
@@ -41,11 +42,14 @@ class Config:
         servers, as Parallax; the default), "allreduce" (their gradients summed densely
         with one Horovod allreduce, the variable kept on every worker), "allgather"
         (every worker's rows gathered by Horovod, as AR mode and Horovod do; the variable
-        kept on every worker), "auto" (density routing: each variable's alpha, the
+        kept on every worker), "sharded" (the rows, and their optimizer slots, split over
+        the workers: each worker holds and updates its own rows, and a step exchanges ids,
+        rows and row gradients by Horovod all-to-all, as TorchRec and HugeCTR's SOK do; no
+        parameter server, no TensorFlow server), "auto" (density routing: each variable's alpha, the
         fraction of its rows a step touches, and the rows its gradients carry are
         measured in the first `density_steps` steps of a scratch copy of the input, the
         links by a short allreduce probe, and the cost model picks the fastest route), or
-        {variable name: "ps" | "allreduce" | "allgather"} (those forced, the others routed
+        {variable name: "ps" | "allreduce" | "allgather" | "sharded"} (those forced, the others routed
         as "auto").
         The plan says what was measured and why each route was taken.
       density_steps: steps per worker that "auto" measures alpha over.
@@ -200,13 +204,13 @@ class Config:
                              f"'eth0', got {self.interface!r}")
         routes = (self.sparse_route.values() if isinstance(self.sparse_route, dict)
                   else [self.sparse_route])
-        allowed = ("ps", "allreduce", "allgather") + (
+        allowed = FIXED_SPARSE_ROUTES + (
             () if isinstance(self.sparse_route, dict) else ("auto",))
         if not routes or any(r not in allowed for r in routes):
             raise TfparError(f"Config.sparse_route must be one of {', '.join(allowed)}"
                              + ("" if isinstance(self.sparse_route, dict) else
-                                " or a dict of variable name to 'ps', 'allreduce' or "
-                                "'allgather'")
+                                " or a dict of variable name to 'ps', 'allreduce', "
+                                "'allgather' or 'sharded'")
                              + f", got {self.sparse_route!r}")
         if self.sparse_route != "ps" and self.run_mode != "HYBRID":
             raise TfparError(f"Config.sparse_route={self.sparse_route!r} chooses between the "

@@ -16,7 +16,8 @@ from tfpar.plan.layout import host_of_rank
 from tfpar.plan.routing import Routing
 from tfpar.plan.table import format_table
 
-ROUTES = ("allreduce", "allgather", "ps", "replicated", "tiled")
+ROUTES = ("allreduce", "allgather", "ps", "replicated", "tiled", "sharded")
+SPLIT_ROUTES = ("tiled", "sharded")  # a tiling says which piece each worker holds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,9 @@ class VariablePlan:
     at start by a broadcast from worker 0) or "tiled" (split over the devices by `tiling`,
     a tiling the user or the tiling planner chose: model parallelism, each worker holding
     its tile of the variable and of its slots; `predicted_bytes` of a split weight counts
-    its layer's exchanges, its bias's included).
+    its layer's exchanges, its bias's included) or "sharded" (a sparse variable's rows,
+    and its slots', split over the workers by `tiling` (rows only): each worker holds and
+    updates its own rows, lookups and row gradients go to the rows' owners by all-to-all).
     """
 
     name: str
@@ -73,13 +76,14 @@ class VariablePlan:
     predicted_bytes: Optional[float] = None  # per worker per step, sent + received
     parts: Tuple[PartPlan, ...] = ()
     slot_of: Optional[str] = None
-    tiling: Optional[Tiling] = None  # route "tiled": which piece each device holds
+    tiling: Optional[Tiling] = None  # routes "tiled", "sharded": which piece each device holds
 
     def __post_init__(self):
         if self.route not in ROUTES:
             raise ValueError(f"unknown route {self.route!r}")
-        if (self.route == "tiled") != (self.tiling is not None):
-            raise ValueError(f"{self.name}: a tiling goes with route 'tiled' and only with it")
+        if (self.route in SPLIT_ROUTES) != (self.tiling is not None):
+            raise ValueError(f"{self.name}: a tiling goes with routes 'tiled' and 'sharded' "
+                             "and only with them")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,9 +257,10 @@ class Plan:
                          f"({how})")
             if d.search:
                 lines.append("  " + d.search.describe())
-        split = [v for v in self.variables if v.route == "tiled" and v.slot_of is None]
+        split = [v for v in self.variables if v.route in SPLIT_ROUTES and v.slot_of is None]
         if split:
-            lines.append("split variables (Config.tiling), the tile each worker holds:")
+            lines.append("split variables (Config.tiling; sparse_route 'sharded': rows), the "
+                         "tile each worker holds:")
             for v in split:
                 boxes = " ".join(
                     f"w{d}[" + ",".join(f"{lo}:{hi}" for lo, hi in v.tiling.tile_ranges(v.shape, d))

@@ -21,6 +21,7 @@ from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blocke
 from tfpar.plan import GradientPlan, PartPlan, Plan, VariablePlan
 from tfpar.plan.layout import Layout
 from tfpar.plan.measurements import Measurements
+from tfpar.partition.tiling.cuts import Cut, Tiling
 
 # Sparse optimizer kernels: a sparse variable updated by anything else gets a dense update.
 _SPARSE_WRITERS_PREFIXES = ("ResourceSparseApply", "SparseApply", "ResourceScatter", "Scatter")
@@ -46,6 +47,14 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
         try:
             if v.name in on_ps:
                 variables.append(_ps_plan(v, config, n, parts[v.name]))
+            elif v.role == "slot" and sparse_routes.get(v.slot_of) == "sharded":
+                owner = analysis.variable(v.slot_of)
+                if v.shape[:1] != owner.shape[:1]:
+                    raise NotYetSupportedError(
+                        f"slot {v.name!r} of {owner.name!r} has shape {list(v.shape)}, not the "
+                        "variable's rows: tfpar cannot shard it with its variable")
+                variables.append(VariablePlan(route="sharded", tiling=rows_over(n),
+                                              slot_of=owner.name, **_common(v)))
             elif v.role == "slot" and v.slot_of in on_ps:
                 owner = analysis.variable(v.slot_of)
                 if v.shape[:1] != owner.shape[:1]:
@@ -135,7 +144,7 @@ def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: M
 
 def density_candidates(analysis: GraphAnalysis, config: Config) -> List[VariableInfo]:
     """The sparse variables whose route density routing decides (measured in the job)."""
-    if config.run_mode != "HYBRID" or config.sparse_route in routing.SPARSE_ROUTES:
+    if config.run_mode != "HYBRID" or config.sparse_route in routing.FIXED_SPARSE_ROUTES:
         return []
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
     return [v for v in analysis.trained if v.kind == "sparse" and v.name not in forced]
@@ -212,7 +221,7 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
                          "not sparse: only sparse variables have a route to choose; remove it")
     routes = {}
     for v in sparse:
-        wanted = forced.get(v.name, setting if setting in routing.SPARSE_ROUTES else None)
+        wanted = forced.get(v.name, setting if setting in routing.FIXED_SPARSE_ROUTES else None)
         problem = _dense_route_problem(v)
         if wanted == "allreduce" and problem:
             raise TfparError(f"Config.sparse_route sends {v.name!r} to allreduce, but {problem}; "
@@ -269,6 +278,8 @@ def _variable_plan(v: VariableInfo, config: Config, n: int,
     if v.role != "trained":  # a slot's owner is named, so a tiling can split it alike
         return VariablePlan(route="replicated", slot_of=v.slot_of, **_common(v))
     grads = _gradients(v)
+    if v.kind == "sparse" and sparse_route == "sharded":
+        return _sharded_plan(v, config, n, grads)
     if v.kind == "sparse" and sparse_route == "allreduce":
         rows = v.shape[0]
         row_bytes = v.nbytes // rows
@@ -284,6 +295,38 @@ def _variable_plan(v: VariableInfo, config: Config, n: int,
     # Parallax's model counts values only (index traffic neglected).
     predicted = None if values is None else sum(cost.allgather_bytes(b, n) for b in values)
     return VariablePlan(route="allgather", gradients=grads, predicted_bytes=predicted,
+                        reduction="average" if config.average_sparse else "sum", **_common(v))
+
+
+def rows_over(n: int) -> Tiling:
+    """The tiling of a sharded variable: its rows split over the n workers (worker k holds
+    the k-th range, the first ones a row longer, as fixed_size_partitioner cuts)."""
+    return Tiling((Cut(0, n),))
+
+
+def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePlan:
+    for u in v.updates:
+        if not any(t.startswith(_SPARSE_WRITERS_PREFIXES) for t in u.op_types):
+            raise TfparError(
+                f"sparse variable {v.name!r} is updated by {', '.join(u.op_types)}, a dense "
+                "update: its optimizer has no sparse apply, so route 'sharded' would write "
+                "every row each step. Use an optimizer with a sparse update, or another "
+                "sparse_route")
+        if u.gradient.post_processed:
+            raise NotYetSupportedError(
+                f"{v.name!r}: its gradient is post-processed before its update (clipping, "
+                "scaling); route 'sharded' does not apply that yet: use sparse_route 'ps'")
+    if not v.shape or v.shape[0] is None or v.shape[0] < n:
+        raise TfparError(f"cannot shard {v.name!r} (shape {list(v.shape)}) over {n} workers: "
+                         "route 'sharded' needs a static number of rows, at least one a worker")
+    values = _values_bytes(v)
+    predicted = None
+    if values is not None:
+        ids = sum(math.prod(u.gradient.values_shape[:1]) * routing.INDEX_BYTES
+                  for u in v.updates)
+        predicted = cost.sharded_bytes(sum(values), ids, n)
+    return VariablePlan(route="sharded", tiling=rows_over(n), gradients=grads,
+                        predicted_bytes=predicted,
                         reduction="average" if config.average_sparse else "sum", **_common(v))
 
 

@@ -22,7 +22,10 @@ from typing import Dict, Optional, Tuple
 
 from tfpar.plan import cost
 
-SPARSE_ROUTES = ("ps", "allreduce", "allgather")
+SPARSE_ROUTES = ("ps", "allreduce", "allgather")  # what density routing chooses between
+# ...and what Config.sparse_route may fix: "sharded" (the rows over the workers, exchanged by
+# all-to-all) is not priced yet, so "auto" never picks it.
+FIXED_SPARSE_ROUTES = SPARSE_ROUTES + ("sharded",)
 # Sequential exchanges the synchronous parameter-server protocol adds to a step that an
 # allreduce-only step does not have: the pull before the forward pass, the push after the
 # backward pass, and the chief's token that ends the step (the chief's update waits for

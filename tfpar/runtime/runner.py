@@ -513,7 +513,9 @@ class Runner:
         Keys: "allreduce" and "allgather" (ring algorithms: sent plus received), "ps_push"
         (gradients pushed to parameter servers, by the worker and, with local aggregation,
         the host's sum forwarded by its first worker), "ps_pull" (rows and variables read
-        from them), and "steps" (training steps run). Divide by "steps" for bytes per step.
+        from them), "tiled" (the exchanges of split layers), "sharded" (the all-to-alls of
+        sharded variables: ids, rows and row gradients; received from the others,
+        doubled), and "steps" (training steps run). Divide by "steps" for bytes per step.
         mean_over_workers: average over all workers instead; every worker must then call
         it at the same point (it gathers the counts through Horovod).
         """

@@ -17,6 +17,7 @@ from tfpar.transform import surgery
 from tfpar.transform.allreduce import apply_allreduce
 from tfpar.transform.batch_norm import apply_sync_batch_norm
 from tfpar.transform.parameter_server import PsRewrite, apply_parameter_server, worker_device
+from tfpar.transform.sharded import apply_sharding
 from tfpar.transform.stages import Markers
 from tfpar.transform.tiled import TiledRewrite, apply_tiling
 from tfpar.transform.traffic import Traffic
@@ -28,7 +29,7 @@ class Rewritten:
     and the tiles of split variables (None without)."""
 
     ps: Optional[PsRewrite]
-    tiled: Optional[TiledRewrite] = None
+    tiled: Optional[TiledRewrite] = None  # split variables: tiled and sharded
     stages: Optional[Markers] = None  # the training step's stage markers
 
 
@@ -43,7 +44,8 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     distributed = ps_prefix is not None
     traffic = Traffic(graph, worker_device(rank) if distributed else "")
     markers = Markers(graph, worker_device(rank) if distributed else "")
-    tiled = apply_tiling(graph, plan, rank, traffic.counter("tiled"))
+    tiled = _joined(apply_tiling(graph, plan, rank, traffic.counter("tiled")),
+                    apply_sharding(graph, plan, rank, traffic.counter("sharded")))
     ps = (apply_parameter_server(graph, plan, rank, traffic, ps_prefix, markers)
           if distributed else None)
     combined = apply_allreduce(graph, plan, traffic)
@@ -54,6 +56,16 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     if distributed:
         _pin_to_worker(graph, rank)
     return Rewritten(ps, tiled, markers)
+
+
+def _joined(tiled: Optional[TiledRewrite], sharded) -> Optional[TiledRewrite]:
+    """The variables split over the workers, by the tiled and the sharded rewrites: the
+    runner reads, saves and restores both kinds of piece alike (`tiled.whole`)."""
+    if sharded is None:
+        return tiled
+    if tiled is None:
+        return TiledRewrite(dict(sharded.tiles), list(sharded.updates))
+    return TiledRewrite({**tiled.tiles, **sharded.tiles}, tiled.updates + sharded.updates)
 
 
 def _collective_updates(graph: tf.Graph, plan: Plan):

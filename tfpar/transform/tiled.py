@@ -81,7 +81,7 @@ def _initial_value(var_op: tf.Operation) -> tf.Tensor:
                                f"'{var_op.name}/Assign'), which tiling needs")
 
 
-def _new_tile(graph, var_op, tiling, shape, rank, name):
+def new_tile(graph, var_op, tiling, shape, rank, name):
     """A variable holding this worker's tile of `var_op`, from worker 0's initial value."""
     import horovod.tensorflow as hvd
     box = tiling.tile_ranges(shape, rank)
@@ -415,14 +415,14 @@ def _rewrite_chain(graph, plan, chain: List[_Layer], by_name, rank, n, counter, 
         scale = 1.0 / n if w.reduction != "sum" else 1.0
         scope = f"tfpar/tiled/{safe_name(w.name)}"
         with tf.compat.v1.name_scope(scope + "/"):
-            w_tile = _new_tile(graph, w_op, w.tiling, shape, rank, f"{scope}/tile")
+            w_tile = new_tile(graph, w_op, w.tiling, shape, rank, f"{scope}/tile")
             made[w.name] = w_tile
             w_read = w_tile.value() if hasattr(w_tile, "value") else tf.identity(w_tile)
             w_used = tiles.replicated(w_read, w.tiling, shape, rank, scale, counter, "W")
             b_read = b_used = b_tiling = None
             if bias is not None:
                 b_tiling = bias.tiling
-                b_var = _new_tile(graph, graph.get_operation_by_name(bias.name), b_tiling,
+                b_var = new_tile(graph, graph.get_operation_by_name(bias.name), b_tiling,
                                   tuple(bias.shape), rank, f"{scope}/bias_tile")
                 made[bias.name] = b_var
                 b_read = b_var.value()
@@ -614,7 +614,7 @@ def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, s
         plan_slot = by_name.get(slot.name)
         if plan_slot is None or plan_slot.slot_of != v.name:
             continue  # shared optimizer state (Adam's beta powers)
-        slot_tile = _new_tile(graph, slot, v.tiling, tuple(v.shape), rank,
+        slot_tile = new_tile(graph, slot, v.tiling, tuple(v.shape), rank,
                               f"{scope}/{safe_name(slot.name.rsplit('/', 1)[-1])}_tile")
         made[slot.name] = slot_tile
         inputs[slot.outputs[0]] = surgery.variable_input(slot_tile)

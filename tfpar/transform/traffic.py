@@ -10,7 +10,7 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-PATHS = ("allreduce", "allgather", "ps_push", "ps_pull", "tiled")
+PATHS = ("allreduce", "allgather", "ps_push", "ps_pull", "tiled", "sharded")
 SCOPE = "tfpar/traffic/"
 
 

@@ -11,6 +11,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests.support import models  # noqa: E402
@@ -39,6 +40,11 @@ def main(scenarios_path, out_dir):
                                      feed_dict=models.feed(h, x[lo:hi], y[lo:hi], ids[lo:hi]))
                 losses.append(loss)
             final = runner.run(variables)
+            # Who listens and what this worker started, after training (route "sharded"
+            # must start no server: the same sockets as a Horovod-only job).
+            me = psutil.Process()
+            listening = sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in me.net_connections("tcp")
+                               if c.status == psutil.CONN_LISTEN)
             d = os.path.join(out_dir, sc["name"])
             eval_loss = {}
             if "training" in [op.name for op in graph.get_operations()]:
@@ -52,6 +58,9 @@ def main(scenarios_path, out_dir):
             arrays = {f"init/{n}": v for n, v in zip(names, init)}
             arrays.update({f"final/{n}": v for n, v in zip(names, final)})
             arrays["losses"] = np.array(losses)
+            arrays["listening"] = np.array(json.dumps(listening))
+            arrays["children"] = np.array(json.dumps([" ".join(c.cmdline()) for c in
+                                                      me.children(recursive=True)]))
             arrays.update(eval_loss)
             arrays["plan"] = np.array(runner.plan.to_json())
             arrays["communication"] = np.array(json.dumps(runner.communication()))
