@@ -77,6 +77,11 @@ SHARDED_2 = [
             {"average_dense": False, "average_sparse": False}),
     sharded("adam_ref_variables", {"optimizer": "adam", "use_resource": False}),
     sharded("sgd_few_ids", {"optimizer": "sgd"}, vocab=None),
+    # Post-processing: the global norm over every gradient (the sharded rows' included);
+    # clip_by_norm of the sparse gradient and its rows scaled by a tensor of the graph.
+    sharded("adam_clip", {"optimizer": "adam", "clip": 0.05}),
+    sharded("sgd_clip_by_norm_scaled", {"optimizer": "sgd", "clip_by_norm": 0.1,
+                                        "scale_sparse": True}),
     # The user's partitioned embedding (each piece sharded) and one read by two lookups.
     sharded("adam_partitioned_and_shared", {"optimizer": "adam", "emb_partitions": 2,
                                             "shared_embedding": True}, vocab=models.PS_VOCAB),
@@ -85,6 +90,7 @@ SHARDED_3 = [
     sharded("adagrad", {"optimizer": "adagrad"}),
     sharded("ftrl", {"optimizer": "ftrl"}),
     sharded("momentum_ref_variables", {"optimizer": "momentum", "use_resource": False}),
+    sharded("adagrad_clip", {"optimizer": "adagrad", "clip": 0.05}),
 ]
 SCENARIOS_3 = [
     sc("sgd_average", {"optimizer": "sgd"}),
@@ -134,10 +140,12 @@ def test_clipping_is_active_and_needs_the_combined_gradient(results2):
 
 def check_sharded(ranks, n):
     plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
-    assert plan["emb"]["route"] == "sharded"
-    assert plan["emb"]["tiling"] == ("R" if n == 2 else f"R{n}")  # rows over the n workers
-    slots = [v for v in plan.values() if v["slot_of"] == "emb"]
-    assert all(s["route"] == "sharded" and s["tiling"] == plan["emb"]["tiling"] for s in slots)
+    sparse = [v for v in plan.values() if v["kind"] == "sparse" and v["role"] == "trained"]
+    assert sparse and all(v["route"] == "sharded" for v in sparse)
+    for v in sparse:
+        assert v["tiling"] == ("R" if n == 2 else f"R{n}")  # rows over the n workers
+        slots = [s for s in plan.values() if s["slot_of"] == v["name"]]
+        assert all(s["route"] == "sharded" and s["tiling"] == v["tiling"] for s in slots)
     assert plan["w1"]["route"] == "allreduce"
     for rank in ranks:
         traffic = json.loads(str(rank["communication"]))

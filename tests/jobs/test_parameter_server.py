@@ -51,9 +51,17 @@ SCENARIOS_4 = [
        {"run_mode": "PS", "local_aggregation": False}),
 ]
 
+# Route "sharded" on 2 hosts x 2 workers, in the same job (rows over all 4 workers).
+SHARDED_4 = [
+    {**sc("sharded_adam_p2", "adam", 2, {"sparse_route": "sharded"}),
+     "model": {"optimizer": "adam", "emb_partitions": 2, "shared_embedding": True,
+               "clip": 0.05}},
+    sc("sharded_adagrad_p1", "adagrad", 1, {"sparse_route": "sharded"}),
+]
+
 results2 = job_results("results2", "ps2", 2, SCENARIOS_2)
 
-results4 = job_results("results4", "ps4", 4, SCENARIOS_4, TWO_HOSTS)
+results4 = job_results("results4", "ps4", 4, SCENARIOS_4 + SHARDED_4, TWO_HOSTS)
 
 
 def _plan(ranks):
@@ -93,6 +101,16 @@ def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
     check_routes(ranks, scenario)
     assert [h for h, _ in json.loads(str(ranks[0]["plan"]))["hosts"]] == ["localhost",
                                                                          "127.0.0.1"]
+
+
+@each_scenario(SHARDED_4)
+def test_sharded_on_two_hosts_of_two_workers_equals_single_device(results4, scenario):
+    ranks = check(results4, scenario, 4)
+    plan = _plan(ranks)
+    assert plan["shared"]["route"] == "sharded" and plan["shared"]["tiling"] == "R4"
+    for data in ranks:
+        comm = json.loads(str(data["communication"]))
+        assert comm["sharded"] > 0 and comm["ps_push"] == comm["ps_pull"] == 0
 
 
 def test_local_aggregation_sends_one_push_per_host_per_part(results4):

@@ -312,10 +312,8 @@ def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePla
                 "update: its optimizer has no sparse apply, so route 'sharded' would write "
                 "every row each step. Use an optimizer with a sparse update, or another "
                 "sparse_route")
-        if u.gradient.post_processed:
-            raise NotYetSupportedError(
-                f"{v.name!r}: its gradient is post-processed before its update (clipping, "
-                "scaling); route 'sharded' does not apply that yet: use sparse_route 'ps'")
+        if u.gradient.inexact:
+            raise NotYetSupportedError(u.gradient.inexact)
     if not v.shape or v.shape[0] is None or v.shape[0] < n:
         raise TfparError(f"cannot shard {v.name!r} (shape {list(v.shape)}) over {n} workers: "
                          "route 'sharded' needs a static number of rows, at least one a worker")

@@ -10,19 +10,19 @@ For every variable with route "sharded" (and its optimizer slots, split alike), 
 - a lookup (a gather of the variable's rows) de-duplicates its ids, sends each to the
   worker that owns its row (one Horovod all-to-all), gathers the rows asked of it from
   its own and sends them back (a second all-to-all), and expands them back to the ids;
-- the user's backward of the lookup is left as it is: its sparse gradient (rows and ids)
-  is summed by id, sent to the rows' owners (a third and fourth all-to-all: ids, rows),
-  summed again by id there (several workers' rows) and averaged over the workers when
-  the plan says so;
+- the user's backward of the lookup is left as it is; its rows are scaled by 1/N when
+  averaging and post-processed on each worker as the user's graph says (clipping,
+  scaling), every sum over rows in that (a global norm) summed over the workers, as the
+  PS route does; the final rows are summed by id, sent to the rows' owners (a third and
+  fourth all-to-all: ids, rows) and summed again by id there (several workers' rows);
 - each owner applies a copy of the user's own update ops (the same optimizer and
   hyper-parameters; TensorFlow's duplicate-summing included) to its rows and slots, with
   ids made local to its range. Every worker thus updates its own rows as a single device
   would update them with the gradient of the concatenated batch.
 
 No parameter server and no TensorFlow server take part: only Horovod's collectives.
-Not yet: post-processing of the gradient between the backward and the update (clipping,
-scaling; refused by the planner), reads of the variable other than lookups in the
-training step, local (per-host) de-duplication.
+Not yet: reads of the variable other than lookups in the training step (an EMA of it,
+a whole read), local (per-host) de-duplication.
 """
 from __future__ import annotations
 
@@ -162,10 +162,32 @@ class _Sharded:
         surgery.replace_uses(gather.outputs[0], out)
 
     # -- backward and update -----------------------------------------------------------------
+    def _prepare(self, i: int, g) -> tf.Tensor:
+        """Makes this worker's final rows its exact share of the single-device update's
+        (as the PS route does): the raw rows scaled by 1/N when averaging, and every sum
+        over rows in the post-processing (a global norm, clip_by_norm's norm) summed over
+        the workers, so its scalars (a clipping factor) are the single-device ones. Returns
+        the rows the update reads."""
+        from tfpar.transform.allreduce import allreduce
+        raw = self.g.get_tensor_by_name(g.values)
+        final = self.g.get_tensor_by_name(g.final_values or g.values)
+        scope = f"{self.scope}/gradient_{i}/"
+        new = raw
+        if self.v.reduction == "average" and self.n > 1:
+            with tf.compat.v1.name_scope(scope):
+                new = raw * tf.constant(1.0 / self.n, raw.dtype)
+            surgery.replace_uses(raw, new, keep=[new.op])
+        for name in g.row_sums if self.n > 1 else ():
+            partial = self.g.get_tensor_by_name(name)
+            with tf.compat.v1.name_scope(scope + "row_sum/"):
+                total = allreduce(partial, False, self.n, None)
+            surgery.replace_uses(partial, total, keep=[total.op])
+        return new if final is raw else final
+
     def _replace_update(self, i: int, g, ops: List[tf.Operation], made) -> tf.Operation:
         """The user's update `i`, copied onto this worker's rows with the rows' summed
         gradient from every worker."""
-        values = self.g.get_tensor_by_name(g.final_values or g.values)
+        values = self._prepare(i, g)
         indices = self.g.get_tensor_by_name(g.final_indices or g.indices)
         name = f"{self.scope}/update_{i}"
         with tf.compat.v1.name_scope(f"{name}/exchange/"):
@@ -178,8 +200,6 @@ class _Sharded:
             got_rows, _ = self._all_to_all(tf.gather(summed, order), splits, "grad_rows")
             mine, at = tf.unique(tf.cast(got_ids, tf.int64))
             total = tf.math.unsorted_segment_sum(got_rows, at, tf.size(mine))
-            if self.v.reduction == "average":
-                total = total / tf.cast(self.n, total.dtype)
             total = tf.reshape(total, tf.concat([[-1], row_shape.as_list()], 0))
             local = tf.cast(mine - self.lo, indices.dtype)
         mapping = {values: total, indices: local,
