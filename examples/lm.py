@@ -156,10 +156,11 @@ def main():
                    help="train the parameter servers' variables asynchronously "
                    "(tfpar.Config(sync=False))")
     p.add_argument("--sparse-route", default="ps",
-                   choices=("ps", "allreduce", "allgather", "auto"),
+                   choices=("ps", "allreduce", "allgather", "sharded", "auto"),
                    help="HYBRID: the vocabulary-sized variables on the parameter servers "
-                   "(default), through a dense allreduce or Horovod's allgather, or routed "
-                   "by their measured density")
+                   "(default), through a dense allreduce or Horovod's allgather, their rows "
+                   "sharded over the workers (all-to-all), or routed by their measured "
+                   "density")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
     p.add_argument("--threads", type=int, help="TensorFlow intra-op threads per worker "

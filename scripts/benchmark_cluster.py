@@ -38,7 +38,7 @@ from scripts.report import invocation, machine, results_dir  # noqa: E402
 from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_allreduce",
-           "HYBRID_allgather", "HYBRID_async",
+           "HYBRID_allgather", "HYBRID_sharded", "HYBRID_async",
            "HYBRID_direct", "AR", "PS", "PS_measured", "PS_async", "PS_direct", "horovod",
            "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
@@ -47,6 +47,7 @@ LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_auto": "tfpar HYBRID, density routing",
           "HYBRID_allreduce": "tfpar HYBRID, sparse by allreduce",
           "HYBRID_allgather": "tfpar HYBRID, sparse by allgather",
+          "HYBRID_sharded": "tfpar HYBRID, sparse sharded (all-to-all)",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
           "HYBRID_direct": "tfpar HYBRID, no local aggregation",
           "HYBRID_measured": "tfpar HYBRID, routes and aggregation measured",
@@ -128,6 +129,8 @@ def model_bytes(system, vocab, n, hosts, rows):
         total = ps(sparse_unique_pull + dense, sparse_host_push + dense)
     elif system in ("PS_async", "PS_direct"):
         total = ps(sparse_unique_pull + dense, (per_worker_push + dense) * n / hosts)
+    elif system == "HYBRID_sharded":  # each worker's unique rows to and from their owners
+        total = ring_allreduce(dense) + 2 * n * per_worker_push * remote
     elif system in ("AR", "horovod", "HYBRID_allgather"):
         total = ring_allreduce(dense) + ring_allgather(sparse_dup)
     elif system == "horovod_sparse_as_dense":
@@ -170,7 +173,8 @@ def command(system, vocab, batch, steps, warmup, hosts):
                   "--partitions", str(hosts)]
         script += {"": [], "auto": ["--sparse-route", "auto"],
                    "allreduce": ["--sparse-route", "allreduce"],
-                   "allgather": ["--sparse-route", "allgather"], "async": ["--async"],
+                   "allgather": ["--sparse-route", "allgather"],
+                   "sharded": ["--sparse-route", "sharded"], "async": ["--async"],
                    "direct": ["--no-local-aggregation"],
                    "measured": ["--sparse-route", "auto", "--local-aggregation", "auto"]
                    if mode == "HYBRID" else ["--local-aggregation", "auto"]}[variant]
