@@ -140,10 +140,11 @@ def main(argv=None):
     plan.add_argument("--partitions", type=int, help="parts per sparse variable on the PS "
                       "(default: one per PS task)")
     plan.add_argument("--sparse-route", default="ps",
-                      choices=("ps", "allreduce", "allgather", "auto"),
+                      choices=("ps", "allreduce", "allgather", "sharded", "auto"),
                       help="HYBRID: sparse variables on the parameter servers, through "
-                      "a dense allreduce, Horovod's allgather, or routed by density (measured "
-                      "only in a job: the plan keeps them on the servers and says so)")
+                      "a dense allreduce, Horovod's allgather, their rows sharded over the "
+                      "workers (all-to-all), or routed by density (measured only in a job: "
+                      "the plan keeps them on the servers and says so)")
     plan.add_argument("--no-local-aggregation", action="store_true",
                       help="push every worker's gradient to the PS (not one push per host)")
     plan.add_argument("--search-cache", help="folder of remembered partition searches "

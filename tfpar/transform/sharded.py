@@ -62,9 +62,24 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
     by_name = {v.name: v for v in plan.variables}
     made: Dict[str, tf.Variable] = {}
     updates: List[tf.Operation] = []
+    exchanges = _Exchanges(plan.num_workers, rank, counter)
     with graph.as_default():
-        for v in sharded:
-            _Sharded(graph, plan, v, by_name, rank, counter).rewrite(made, updates)
+        variables = [_Sharded(graph, plan, v, by_name, rank, exchanges) for v in sharded]
+        made.update((s.v.name, s.part) for s in variables)
+        lookups = [lk for s in variables for lk in s.find_lookups()]
+        # Lookups of variables split alike with one ids tensor (a sampled softmax's weights
+        # and biases) share their exchanges: one all-to-all of the ids, one of their rows.
+        groups: Dict[tuple, List[_Lookup]] = {}
+        for lk in lookups:
+            key = (lk.ids.name, tuple(lk.owner.starts), lk.owner.part.dtype.base_dtype.name)
+            groups.setdefault(key, []).append(lk)
+        _lookups(list(groups.values()), exchanges)
+        # Every gradient's rows go to their owners in one all-to-all (per dtype), unless
+        # one of them waits for an update (a second optimizer's): that one goes alone.
+        sends = [s.outgoing(i, g) for s in variables for i, g in enumerate(s.v.gradients)]
+        _exchange_gradients(sends, exchanges, _update_ops_of(graph, plan))
+        for send in sends:
+            updates.append(send.owner.apply(send, made))
         for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
                     tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
             ref = graph.get_collection_ref(key)
@@ -75,8 +90,8 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
 class _Sharded:
     """One sharded variable's rewrite on worker `rank`."""
 
-    def __init__(self, graph, plan: Plan, v: VariablePlan, by_name, rank: int, counter):
-        self.g, self.v, self.rank, self.counter = graph, v, rank, counter
+    def __init__(self, graph, plan: Plan, v: VariablePlan, by_name, rank: int, exchanges):
+        self.g, self.v, self.rank, self.exchanges = graph, v, rank, exchanges
         self.n = plan.num_workers
         self.by_name = by_name
         self.var_op = graph.get_operation_by_name(v.name)
@@ -84,19 +99,18 @@ class _Sharded:
         self.starts = [v.tiling.tile_ranges(v.shape, d)[0][0] for d in range(self.n)]
         self.lo, self.hi = v.tiling.tile_ranges(v.shape, rank)[0]
         self.scope = f"tfpar/sharded/{safe_name(v.name)}"
-        self.exchanges = 0  # all-to-alls built (names must match on every worker)
+        with graph.as_default(), tf.compat.v1.name_scope(None):
+            self.part = new_tile(graph, self.var_op, v.tiling, tuple(v.shape), rank,
+                                 f"{self.scope}/rows")
+        self.update_ops = self._update_ops()
 
-    # -- main --------------------------------------------------------------------------------
-    def rewrite(self, made, updates):
-        v = self.v
-        with tf.compat.v1.name_scope(None):
-            self.part = new_tile(self.g, self.var_op, v.tiling, tuple(v.shape), self.rank,
-                                  f"{self.scope}/rows")
-        made[v.name] = self.part
-        update_ops = self._update_ops()
-        self._rewire_reads(update_ops)
-        for i, g in enumerate(v.gradients):
-            updates.append(self._replace_update(i, g, update_ops[i], made))
+    def rows(self, local_ids: tf.Tensor) -> tf.Tensor:
+        """This worker's rows at `local_ids` (row numbers within its range). Gathered from
+        the handle: a read of a variable that sparse updates write copies it whole."""
+        if self.resource:
+            return tf.raw_ops.ResourceGather(resource=self.part.handle, indices=local_ids,
+                                             dtype=self.part.dtype.base_dtype)
+        return tf.gather(self.part, local_ids)
 
     def _update_ops(self) -> List[List[tf.Operation]]:
         out = []
@@ -108,9 +122,11 @@ class _Sharded:
         return out
 
     # -- forward -----------------------------------------------------------------------------
-    def _rewire_reads(self, update_ops):
-        """Every lookup of the variable in the step now asks the rows' owners."""
-        skip = {op for ops in update_ops for op in ops}
+    def find_lookups(self) -> List["_Lookup"]:
+        """The lookups of the variable in the training step (its shape reads made
+        constants); any other read there is refused."""
+        skip = {op for ops in self.update_ops for op in ops}
+        found: List[_Lookup] = []
         handle = self.var_op.outputs[0]
         training = _training_ops(self.g, self.by_name)
         shape_of = lambda op: tf.constant(list(self.v.shape), dtype=op.get_attr("out_type"))
@@ -118,7 +134,7 @@ class _Sharded:
             if c in skip or c.type in _IGNORED or c not in training:
                 continue  # the initialiser, a Saver's read: never run by a training step
             if c.type == "ResourceGather" and c.inputs[0] is handle:
-                self._lookup(c)
+                found.append(_Lookup(self, c))
             elif c.type == "VariableShape":
                 surgery.replace_uses(c.outputs[0], shape_of(c))
             elif c.type in ("Identity", "RefIdentity", "ReadVariableOp"):
@@ -127,39 +143,20 @@ class _Sharded:
                     if x in skip or x not in training:
                         continue
                     if x.type in _GATHERS and x.inputs[0] is read and _axis_zero(x):
-                        self._lookup(x)
+                        found.append(_Lookup(self, x))
                     elif x.type == "Shape":
                         surgery.replace_uses(x.outputs[0], shape_of(x))
                     else:
                         self._refuse(x)
             else:
                 self._refuse(c)
+        return found
 
     def _refuse(self, op):
         raise NotYetSupportedError(
             f"variable {self.v.name!r} is read by op {op.name!r} ({op.type}) in the training "
             "step; route 'sharded' supports lookups of its rows (embedding_lookup, gather) "
             "only: use sparse_route 'ps' for it")
-
-    def _lookup(self, gather: tf.Operation):
-        """Replaces `gather`'s rows with the owners' rows, fetched by all-to-all."""
-        ids = gather.inputs[1]
-        with tf.compat.v1.name_scope(f"{self.scope}/lookup/"):
-            flat = tf.reshape(ids, [-1])
-            unique, where = tf.unique(flat)
-            sorted_ids, splits, order = self._by_owner(unique)
-            asked, asked_splits = self._all_to_all(sorted_ids, splits, "ids")
-            local = tf.cast(asked, tf.int64) - self.lo
-            rows = tf.gather(self.part.read_value() if self.resource else self.part, local)
-            back, _ = self._all_to_all(rows, asked_splits, "rows")
-            mine = tf.gather(back, tf.math.invert_permutation(order))
-            out = tf.gather(mine, where)
-            row_shape = gather.outputs[0].shape[ids.shape.rank:] if ids.shape.rank is not None \
-                else None
-            out = tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(out)[1:]], 0))
-            if row_shape is not None:
-                out.set_shape(ids.shape.concatenate(row_shape))
-        surgery.replace_uses(gather.outputs[0], out)
 
     # -- backward and update -----------------------------------------------------------------
     def _prepare(self, i: int, g) -> tf.Tensor:
@@ -184,23 +181,27 @@ class _Sharded:
             surgery.replace_uses(partial, total, keep=[total.op])
         return new if final is raw else final
 
-    def _replace_update(self, i: int, g, ops: List[tf.Operation], made) -> tf.Operation:
-        """The user's update `i`, copied onto this worker's rows with the rows' summed
-        gradient from every worker."""
+    def outgoing(self, i: int, g) -> "_Send":
+        """Update `i`'s final rows summed by id and sorted by owner, to send."""
         values = self._prepare(i, g)
         indices = self.g.get_tensor_by_name(g.final_indices or g.indices)
-        name = f"{self.scope}/update_{i}"
-        with tf.compat.v1.name_scope(f"{name}/exchange/"):
-            row_shape = values.shape[1:]
-            flat = tf.reshape(values, [-1, row_shape.num_elements()])
+        with tf.compat.v1.name_scope(f"{self.scope}/update_{i}/exchange/"):
+            flat = tf.reshape(values, [-1, values.shape[1:].num_elements()])
             unique, where = tf.unique(tf.reshape(indices, [-1]))
             summed = tf.math.unsorted_segment_sum(flat, where, tf.size(unique))
-            sorted_ids, splits, order = self._by_owner(unique)
-            got_ids, _ = self._all_to_all(sorted_ids, splits, "grad_ids")
-            got_rows, _ = self._all_to_all(tf.gather(summed, order), splits, "grad_rows")
-            mine, at = tf.unique(tf.cast(got_ids, tf.int64))
-            total = tf.math.unsorted_segment_sum(got_rows, at, tf.size(mine))
-            total = tf.reshape(total, tf.concat([[-1], row_shape.as_list()], 0))
+            sorted_ids, splits, order = _by_owner(unique, self.starts, self.exchanges.n)
+        return _Send(self, i, g, values, indices, sorted_ids, tf.gather(summed, order), splits)
+
+    def apply(self, send: "_Send", made) -> tf.Operation:
+        """A copy of the user's update `send.i` on this worker's rows and slots, with the
+        rows every worker sent here summed by id."""
+        i, g, values, indices = send.i, send.g, send.values, send.indices
+        ops = self.update_ops[i]
+        name = f"{self.scope}/update_{i}"
+        with tf.compat.v1.name_scope(f"{name}/exchange/"):
+            mine, at = tf.unique(send.got_ids)
+            total = tf.math.unsorted_segment_sum(send.got_rows, at, tf.size(mine))
+            total = tf.reshape(total, [-1] + values.shape[1:].as_list())
             local = tf.cast(mine - self.lo, indices.dtype)
         mapping = {values: total, indices: local,
                    self.var_op.outputs[0]: surgery.variable_input(self.part)}
@@ -250,32 +251,6 @@ class _Sharded:
                     seen.append(p)
         return [(p, None) for p in seen]
 
-    # -- exchanges ---------------------------------------------------------------------------
-    def _by_owner(self, ids: tf.Tensor):
-        """(ids sorted by owner, how many each owner gets, the sorting permutation)."""
-        ids64 = tf.cast(ids, tf.int64)
-        bounds = tf.constant(np.array(self.starts[1:], np.int64))
-        owner = tf.searchsorted(bounds, ids64, side="right", out_type=tf.int32)
-        order = tf.argsort(owner, stable=True)
-        splits = tf.math.bincount(owner, minlength=self.n, maxlength=self.n, dtype=tf.int32)
-        return tf.gather(ids64, order), splits, order
-
-    def _all_to_all(self, x: tf.Tensor, splits: tf.Tensor, what: str):
-        import horovod.tensorflow as hvd
-        self.exchanges += 1
-        got, got_splits = hvd.alltoall(collectives.never_folded(x), splits=splits,
-                                       name=f"{safe_name(self.v.name)}_{what}_{self.exchanges}",
-                                       ignore_name_scope=True)
-        if self.counter is not None:  # what arrived from the others, as Horovod reports it
-            row = int(np.prod(x.shape.as_list()[1:])) if x.shape.rank > 1 else 1
-            others = tf.reduce_sum(got_splits) - got_splits[self.rank]
-            bump = self.counter(tf.cast(others, tf.float64) * (row * x.dtype.size), None)
-            if bump is not None:
-                with tf.control_dependencies([bump]):
-                    got = tf.identity(got)
-        return got, got_splits
-
-
 def _axis_zero(gather: tf.Operation) -> bool:
     if gather.type != "GatherV2":
         return True
@@ -295,3 +270,255 @@ def _training_ops(graph: tf.Graph, by_name) -> set:
         seen.add(op)
         stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
     return seen
+
+
+@dataclasses.dataclass
+class _Lookup:
+    """A gather of a sharded variable's rows in the training step."""
+
+    owner: _Sharded
+    gather: tf.Operation
+
+    @property
+    def ids(self) -> tf.Tensor:
+        return self.gather.inputs[1]
+
+
+def _lookup(group: List[_Lookup], exchanges: "_Exchanges", name: str):
+    """Replaces the gathers of `group` (one ids tensor, variables split alike) with the
+    owners' rows: the unique ids to their owners, the rows of every variable back in one
+    all-to-all, expanded to the ids."""
+    with tf.compat.v1.name_scope(f"tfpar/sharded/{name}/"):
+        unique, where = tf.unique(tf.reshape(group[0].ids, [-1]))
+        sorted_ids, splits, order = _by_owner(unique, group[0].owner.starts, exchanges.n)
+        asked, asked_splits = exchanges.run(sorted_ids, splits, f"{name}_ids")
+        packed, widths = _rows_of(group, asked - group[0].owner.lo)
+        back, _ = exchanges.run(packed, asked_splits, f"{name}_rows")
+        _expand(group, back, widths, where, order)
+
+
+def _by_owner(ids: tf.Tensor, starts, n: int):
+    """(ids sorted by owner, as int64; how many each owner gets; the sorting permutation).
+    starts: the first row of each worker's range."""
+    ids64 = tf.cast(ids, tf.int64)
+    bounds = tf.constant(np.array(starts[1:], np.int64))
+    owner = tf.searchsorted(bounds, ids64, side="right", out_type=tf.int32)
+    order = tf.argsort(owner, stable=True)
+    splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
+    return tf.gather(ids64, order), splits, order
+
+
+class _Exchanges:
+    """The job's all-to-alls of sharded variables, named in the order every worker builds
+    them (Horovod matches collectives by name), their bytes counted on path "sharded"."""
+
+    def __init__(self, n: int, rank: int, counter):
+        self.n, self.rank, self.counter = n, rank, counter
+
+    def run(self, x: tf.Tensor, splits: tf.Tensor, name: str):
+        """(what this worker receives, how many rows from each worker)."""
+        import horovod.tensorflow as hvd
+        got, got_splits = hvd.alltoall(collectives.never_folded(x), splits=splits,
+                                       name=f"tfpar_sharded_{name}", ignore_name_scope=True)
+        if self.counter is not None:  # what arrived from the others, as Horovod reports it
+            row = int(np.prod(x.shape.as_list()[1:])) if x.shape.rank > 1 else 1
+            others = tf.reduce_sum(got_splits) - got_splits[self.rank]
+            bump = self.counter(tf.cast(others, tf.float64) * (row * x.dtype.size), None)
+            if bump is not None:
+                with tf.control_dependencies([bump]):
+                    got = tf.identity(got)
+        return got, got_splits
+
+    def many(self, items, name: str):
+        """Several exchanges in one all-to-all. items: [(ids sorted by owner (int64),
+        their rows [k, width] or None, how many go to each worker)], the rows of one
+        dtype. Each worker is sent, per item, how many it gets, then the ids with their
+        rows (ids and counts ride as the bits of extra elements: bitcast, exact). Returns
+        per item (ids, rows or None, how many came from each worker)."""
+        n, count = self.n, len(items)
+        dtype = next((r.dtype for _, r, _ in items if r is not None), tf.int64)
+        per = 1 if dtype.size == 8 else 8 // dtype.size  # elements of one int64
+
+        def to_elements(x64):
+            return x64 if dtype == tf.int64 else tf.reshape(tf.bitcast(x64, dtype), [-1])
+
+        def from_elements(e):
+            if dtype == tf.int64:
+                return e
+            return tf.reshape(tf.bitcast(tf.reshape(e, [-1, per]) if per > 1 else e,
+                                         tf.int64), [-1])
+
+        widths, pieces = [], []
+        for ids, rows, splits in items:
+            record = [tf.reshape(to_elements(ids), [-1, per])]
+            if rows is not None:
+                record.append(tf.reshape(rows, [-1, int(np.prod(rows.shape.as_list()[1:]))]))
+            record = record[0] if len(record) == 1 else tf.concat(record, 1)
+            widths.append(int(record.shape[1]))
+            pieces.append(tf.split(record, splits, num=n))
+        counts = tf.stack([splits for _, _, splits in items], axis=1)  # [n, items]
+        send = []
+        for d in range(n):
+            send.append(to_elements(tf.cast(counts[d], tf.int64)))
+            send.extend(tf.reshape(pieces[k][d], [-1]) for k in range(count))
+        sizes = count * per + tf.add_n([splits * w for (_, _, splits), w in zip(items, widths)])
+        got, got_sizes = self.run(tf.concat(send, 0), sizes, name)
+        chunks = tf.split(got, got_sizes, num=n)
+        records, came = [[] for _ in items], [[] for _ in items]
+        for s in range(n):
+            header = tf.cast(from_elements(chunks[s][:count * per]), tf.int32)
+            body = tf.split(chunks[s][count * per:], header * tf.constant(widths, tf.int32),
+                            num=count)
+            for k in range(count):
+                records[k].append(tf.reshape(body[k], [-1, widths[k]]))
+                came[k].append(header[k])
+        out = []
+        for k, (_, rows, _) in enumerate(items):
+            record = tf.concat(records[k], 0)
+            ids = from_elements(tf.reshape(record[:, :per], [-1]))
+            out.append((ids, None if rows is None else record[:, per:], tf.stack(came[k])))
+        return out
+
+    def rows_back(self, items, name: str):
+        """The rows asked of this worker, back to the askers, for several lookups in one
+        all-to-all. items: [(rows [m, width] in the order the ids came, how many came
+        from each worker, how many this worker asked of each)]. Returns the rows of each
+        item that came back, in the order this worker sent its ids."""
+        n = self.n
+        widths = [int(rows.shape[1]) for rows, _, _ in items]
+        pieces = [tf.split(rows, came, num=n) for rows, came, _ in items]
+        send = [tf.reshape(pieces[k][d], [-1]) for d in range(n) for k in range(len(items))]
+        sizes = tf.add_n([came * w for (_, came, _), w in zip(items, widths)])
+        got, got_sizes = self.run(tf.concat(send, 0), sizes, name)
+        chunks = tf.split(got, got_sizes, num=n)
+        back = [[] for _ in items]
+        for s in range(n):
+            body = tf.split(chunks[s], tf.stack([asked[s] * w for (_, _, asked), w
+                                                 in zip(items, widths)]), num=len(items))
+            for k in range(len(items)):
+                back[k].append(tf.reshape(body[k], [-1, widths[k]]))
+        return [tf.concat(b, 0) for b in back]
+
+    def rows_with_ids(self, ids: tf.Tensor, rows: tf.Tensor, splits: tf.Tensor, name: str):
+        """Rows and their int64 ids to the workers `splits` says, in one all-to-all: the ids
+        ride along as the bits of extra columns (bitcast, exact). Returns (ids, rows)."""
+        if rows.dtype not in (tf.float32, tf.float64):
+            got_ids, _ = self.run(ids, splits, f"{name}_ids")
+            got_rows, _ = self.run(rows, splits, f"{name}_rows")
+            return got_ids, got_rows
+        id_columns = tf.reshape(tf.bitcast(ids, rows.dtype), [-1, 8 // rows.dtype.size])
+        width = 8 // rows.dtype.size
+        got, _ = self.run(tf.concat([id_columns, rows], 1), splits, name)
+        got_ids = tf.reshape(tf.bitcast(got[:, :width], tf.int64), [-1])
+        return got_ids, got[:, width:]
+
+
+@dataclasses.dataclass
+class _Send:
+    """One update's rows on their way to their owners (`got_*`: what arrived here)."""
+
+    owner: _Sharded
+    i: int
+    g: object  # its GradientPlan
+    values: tf.Tensor  # what the user's update reads
+    indices: tf.Tensor
+    ids: tf.Tensor  # unique ids sorted by owner (int64)
+    rows: tf.Tensor  # their summed rows, [k, row elements]
+    splits: tf.Tensor  # rows for each worker
+    got_ids: Optional[tf.Tensor] = None
+    got_rows: Optional[tf.Tensor] = None
+
+
+def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops):
+    """Sets every send's `got_*`: the sends of one dtype that wait for no update share one
+    all-to-all; the others go one by one."""
+    together: Dict[str, List[_Send]] = {}
+    for send in sends:
+        alone = _depends_on([send.values, send.indices], update_ops)
+        key = send.rows.dtype.name if not alone else f"alone_{len(together)}"
+        together.setdefault(key, []).append(send)
+    for k, group in enumerate(together.values()):
+        name = f"gradients_{k}"
+        if len(group) == 1:
+            got = [exchanges.rows_with_ids(group[0].ids, group[0].rows, group[0].splits, name)]
+        else:
+            got = [(ids, rows) for ids, rows, _ in exchanges.many(
+                [(x.ids, x.rows, x.splits) for x in group], name)]
+        for send, (ids, rows) in zip(group, got):
+            send.got_ids, send.got_rows = ids, rows
+
+
+def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges"):
+    """Replaces every lookup group's gathers with the owners' rows: all groups in one
+    all-to-all of ids and one of rows when no group's ids depend on another's rows (else
+    group by group, in order)."""
+    gathers = [lk.gather for group in groups for lk in group]
+    if len(groups) < 2 or any(_depends_on([group[0].ids], gathers) for group in groups):
+        for k, group in enumerate(groups):
+            _lookup(group, exchanges, f"lookup_{k}")
+        return
+    with tf.compat.v1.name_scope("tfpar/sharded/lookups/"):
+        asks = []
+        for group in groups:
+            unique, where = tf.unique(tf.reshape(group[0].ids, [-1]))
+            sorted_ids, splits, order = _by_owner(unique, group[0].owner.starts, exchanges.n)
+            asks.append((sorted_ids, None, splits, where, order))
+        asked = exchanges.many([(a[0], None, a[2]) for a in asks], "lookups_ids")
+        columns = []
+        for group, (ids, _, counts) in zip(groups, asked):
+            local = ids - group[0].owner.lo
+            columns.append(_rows_of(group, local))
+        back = exchanges.rows_back([(packed, counts, ask[2]) for (packed, _), (_, _, counts), ask
+                                    in zip(columns, asked, asks)], "lookups_rows")
+        for group, (_, widths), rows, ask in zip(groups, columns, back, asks):
+            _expand(group, rows, widths, ask[3], ask[4])
+
+
+def _rows_of(group: List[_Lookup], local: tf.Tensor):
+    """(the group's rows at `local` side by side, [m, sum of widths]; the widths)."""
+    widths, columns = [], []
+    for lk in group:
+        rows = lk.owner.rows(local)
+        width = int(np.prod(rows.shape.as_list()[1:]))
+        widths.append(width)
+        columns.append(tf.reshape(rows, [-1, width]))
+    return (columns[0] if len(columns) == 1 else tf.concat(columns, 1)), widths
+
+
+def _expand(group: List[_Lookup], back: tf.Tensor, widths, where, order):
+    """The rows that came back (in the order of the ids sent), un-sorted, expanded to the
+    ids, split per variable: what the group's gathers returned."""
+    ids = group[0].ids
+    mine = tf.gather(back, tf.math.invert_permutation(order))
+    every = tf.gather(mine, where)
+    pieces = [every] if len(group) == 1 else tf.split(every, widths, axis=1)
+    for lk, piece in zip(group, pieces):
+        row_shape = lk.gather.outputs[0].shape[ids.shape.rank:]
+        out = tf.reshape(piece, tf.concat([tf.shape(ids), row_shape.as_list()], 0)
+                         if row_shape.is_fully_defined() and row_shape.rank
+                         else tf.shape(ids))
+        out.set_shape(lk.gather.outputs[0].shape)
+        surgery.replace_uses(lk.gather.outputs[0], out)
+
+
+def _depends_on(tensors, ops) -> bool:
+    """Whether any of `tensors` is computed from (or waits for) any op in `ops`."""
+    targets = set(ops)
+    if not targets:
+        return False
+    seen, stack = set(), [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op in targets:
+            return True
+        stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+    return False
+
+
+def _update_ops_of(graph: tf.Graph, plan: Plan) -> List[tf.Operation]:
+    """The ops that write the plan's trained variables (every update)."""
+    return [graph.get_operation_by_name(n) for v in plan.variables for g in v.gradients
+            for n in g.ops]
