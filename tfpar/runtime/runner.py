@@ -8,7 +8,7 @@ import os
 import re
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf

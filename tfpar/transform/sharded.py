@@ -7,14 +7,15 @@ For every variable with route "sharded" (and its optimizer slots, split alike), 
   its own (initial value: worker 0's whole initial value, sliced), in collection `TILES`,
   so checkpoints, fetches and restores see the whole variable as they see a tiled one
   (`tiled.whole`, `tiled.tile_of`); the whole variable is never made;
-- a lookup (a gather of the variable's rows) de-duplicates its ids, sends each to the
-  worker that owns its row (one Horovod all-to-all), gathers the rows asked of it from
-  its own and sends them back (a second all-to-all), and expands them back to the ids;
+- lookups (gathers of the variables' rows) de-duplicate their ids and send each to the
+  worker that owns its row, which gathers the rows asked of it and sends them back:
+  every lookup of the step in one all-to-all of ids and one of rows (when their ids do
+  not depend on each other's rows), and the rows are expanded back to the ids;
 - the user's backward of the lookup is left as it is; its rows are scaled by 1/N when
   averaging and post-processed on each worker as the user's graph says (clipping,
   scaling), every sum over rows in that (a global norm) summed over the workers, as the
-  PS route does; the final rows are summed by id, sent to the rows' owners (a third and
-  fourth all-to-all: ids, rows) and summed again by id there (several workers' rows);
+  PS route does; the final rows are summed by id and sent to the rows' owners with their
+  ids, every gradient of the step in one all-to-all, and summed again by id there;
 - each owner applies a copy of the user's own update ops (the same optimizer and
   hyper-parameters; TensorFlow's duplicate-summing included) to its rows and slots, with
   ids made local to its range. Every worker thus updates its own rows as a single device
@@ -32,11 +33,11 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfpar.errors import NotYetSupportedError, TfparError
+from tfpar.errors import NotYetSupportedError
 from tfpar.graph.naming import safe_name
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery
-from tfpar.transform.tiled import TILES, new_tile
+from tfpar.transform.tiled import new_tile
 
 _GATHERS = ("ResourceGather", "GatherV2", "Gather")
 # Uses of the variable that the training step does not run, or whose value we give.
