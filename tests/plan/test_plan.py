@@ -239,3 +239,48 @@ def test_training_batch_norms_are_normalised_over_the_global_batch():
     assert plan.batch_norms == ()
     assert any(note.startswith("not single-device training") and "cond_true" in note
                for note in plan.notes), plan.notes
+
+
+def test_sharded_route_splits_rows_and_slots_over_the_workers():
+    """Config(sparse_route="sharded"): the sparse variable and its slots split by rows over
+    the workers (the first ranges a row longer), the dense ones on allreduce, no parameter
+    server; the plan prints each worker's rows and survives a JSON round trip."""
+    graph, _ = models.build(sparse=True, optimizer="adam", batch=8)
+    plan = make_plan(analyse(graph), tfpar.Config(sparse_route="sharded"),
+                     parse_resources("a:2,b:1"))
+    emb = plan.variable("emb")
+    assert emb.route == "sharded" and str(emb.tiling) == "R3" and not emb.parts
+    assert [emb.tiling.tile_ranges(emb.shape, d)[0] for d in range(3)] == [
+        (0, 7), (7, 14), (14, 20)]
+    assert {plan.variable(s).route for s in ("emb/Adam", "emb/Adam_1")} == {"sharded"}
+    assert plan.variable("emb/Adam").tiling == emb.tiling
+    assert plan.variable("w1").route == "allreduce" and plan.num_ps == 0
+    # ids and rows to and from their owners: 4 (values + ids) (N-1)/N
+    values = 8 * models.IN * 4
+    assert emb.predicted_bytes == pytest.approx(cost.sharded_bytes(values, 8 * 8, 3))
+    assert "emb R3: w0[0:7,0:6] w1[7:14,0:6] w2[14:20,0:6]" in plan.table()
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.table() == plan.table()
+    per_variable = make_plan(analyse(graph), tfpar.Config(sparse_route={"emb": "sharded"}),
+                             parse_resources("localhost:2"))
+    assert per_variable.variable("emb").route == "sharded"
+
+
+def test_sharded_route_refusals():
+    """What route "sharded" cannot do exactly is refused with the fix: a dense update of a
+    sparse variable, fewer rows than workers, a mode other than HYBRID."""
+    g = tf.Graph()
+    with g.as_default():
+        emb = tf1.get_variable("emb", [10, 3], use_resource=True)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2, 2]))
+        (grad, var), = tf1.train.AdamOptimizer(0.1).compute_gradients(loss)
+        tf1.train.AdamOptimizer(0.1).apply_gradients([(tf.convert_to_tensor(grad), var)])
+    with pytest.raises(tfpar.TfparError, match="route 'sharded' would write every row"):
+        make_plan(analyse(g), tfpar.Config(sparse_route="sharded"),
+                  parse_resources("localhost:2"))
+    graph, _ = models.build(sparse=True, optimizer="sgd", batch=8)
+    with pytest.raises(tfpar.TfparError, match="cannot shard 'emb'"):
+        make_plan(analyse(graph), tfpar.Config(sparse_route="sharded"),
+                  parse_resources("localhost:21"))
+    with pytest.raises(tfpar.TfparError, match="only HYBRID mode mixes"):
+        tfpar.Config(run_mode="AR", sparse_route="sharded")
