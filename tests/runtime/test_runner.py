@@ -214,7 +214,9 @@ def _variable(graph, name):
     ({"checkpoint_every_steps": 2}, "need Config.checkpoint_dir"),
     ({"checkpoint_dir": "x", "checkpoint_every_steps": 0}, "must be a positive int"),
     ({"checkpoint_dir": "x", "checkpoint_every_secs": 5, "tiling": {"dense/kernel": "C"}},
-     "use checkpoint_every_steps")])
+     "use checkpoint_every_steps"),
+    ({"checkpoint_dir": "x", "checkpoint_every_secs": 5, "sparse_route": {"emb": "sharded"}},
+     "cannot save sharded variables")])
 def test_bad_checkpoint_configs_are_clear_errors(kwargs, message):
     with pytest.raises(tfpar.TfparError, match=message):
         tfpar.Config(**kwargs)

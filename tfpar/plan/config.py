@@ -194,9 +194,14 @@ class Config:
                 not self.checkpoint_dir:
             raise TfparError("Config.checkpoint_every_steps/secs need Config.checkpoint_dir "
                              "(the folder to save in)")
-        if self.checkpoint_every_secs and self.tiling is not None:
-            raise TfparError("Config.checkpoint_every_secs cannot save split layers (tiling): "
-                             "every worker takes part in their saves; use "
+        sharded = "sharded" in (self.sparse_route.values() if isinstance(self.sparse_route, dict)
+                                else [self.sparse_route])
+        if self.checkpoint_every_secs and (self.tiling is not None or sharded):
+            raise TfparError("Config.checkpoint_every_secs cannot save "
+                             + ("split layers (tiling)" if self.tiling is not None else
+                                "sharded variables (sparse_route 'sharded')")
+                             + ": every worker takes part in their saves, and workers "
+                             "do not reach a time at the same step; use "
                              "checkpoint_every_steps")
         if self.interface is not None and (not isinstance(self.interface, str)
                                            or not self.interface):
