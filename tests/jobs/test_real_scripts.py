@@ -12,7 +12,9 @@ here (checked): a sampled softmax's gradient has one row per *batch* for each sa
 such rows from per-worker rows (Horovod's allgather path neither); active clipping over
 embeddings and dense layers is tested exactly in test_post_processing. Both the TF2-style graph (resource variables, functional
 `While`) and the TF1 one (`tf.compat.v1.disable_v2_behavior()`: reference variables, v1
-control flow) run in HYBRID on N=2 and on 2 hosts x 2 workers, and in PS mode (TF1).
+control flow) run in HYBRID on N=2 and on 2 hosts x 2 workers, and in PS mode (TF1);
+the TF2 one also with its embedding and sampled softmax sharded over 2 workers
+(sparse_route="sharded").
 After 3 steps every variable, slot, moving average and the global step equal
 single-device training on the concatenated batch within rtol 1e-5, atol 1e-6. The
 sampled softmax draws its classes from a fixed seed, so every worker and the single
@@ -70,7 +72,7 @@ def _run(tmp, n, scenarios, tf1=False, hosts=None):
     assert proc.returncode == 0, proc.stdout[-6000:]
 
 
-def _check(tmp, name, n, tf1):
+def _check(tmp, name, n, tf1, sparse_route="ps"):
     ranks = [np.load(os.path.join(tmp, name, f"rank{r}.npz")) for r in range(n)]
     out = os.path.join(tmp, name, "reference.npz")
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
@@ -90,8 +92,8 @@ def _check(tmp, name, n, tf1):
     assert any("ExponentialMovingAverage" in k for k in moved)
     assert any(k.startswith("rnn/") for k in moved) and "embedding/part_0" in moved
     plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
-    assert plan["softmax/weights/part_0"]["route"] == "ps"
-    assert plan["embedding/part_1"]["route"] == "ps"
+    assert plan["softmax/weights/part_0"]["route"] == sparse_route
+    assert plan["embedding/part_1"]["route"] == sparse_route
     return plan
 
 
@@ -101,6 +103,8 @@ CASES = [  # (name, workers, hosts, tf1, config)
     ("hybrid_tf1_n2", 2, None, True, {}),
     ("ps_tf1_2x2", 4, TWO_HOSTS, True, {"run_mode": "PS"}),
     ("ps_tf2_n2", 2, None, False, {"run_mode": "PS"}),
+    # Its embedding and sampled softmax (weights and the 1-D bias) sharded over the workers.
+    ("sharded_tf2_n2", 2, None, False, {"sparse_route": "sharded"}),
 ]
 
 
@@ -109,7 +113,7 @@ def test_lstm_language_model_equals_single_device(tmp_path, case):
     name, n, hosts, tf1, config = case
     _run(str(tmp_path), n, [{"name": name, "config": config, "steps": STEPS, "batch": BATCH}],
          tf1=tf1, hosts=hosts)
-    plan = _check(str(tmp_path), name, n, tf1)
+    plan = _check(str(tmp_path), name, n, tf1, config.get("sparse_route", "ps"))
     kernel = [v for k, v in plan.items() if k.startswith("rnn/") and k.endswith("kernel")][0]
     assert kernel["route"] == ("ps" if config.get("run_mode") == "PS" else "allreduce")
 

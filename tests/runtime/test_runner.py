@@ -220,3 +220,20 @@ def _variable(graph, name):
 def test_bad_checkpoint_configs_are_clear_errors(kwargs, message):
     with pytest.raises(tfpar.TfparError, match=message):
         tfpar.Config(**kwargs)
+
+
+def test_a_moving_average_of_a_sharded_variable_is_refused_with_the_fix():
+    """Route "sharded" supports lookups of a variable's rows only: an
+    ExponentialMovingAverage of it (which reads it whole after the step) is refused before
+    anything runs, naming the variable and the dict form that routes it to the servers; a
+    Saver of the graph is not a read that matters (the runner saves the variable)."""
+    graph, h = models.build(optimizer="adagrad", sparse=True)
+    with graph.as_default():
+        tf1.train.Saver()
+    with tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded")) as runner:
+        assert runner.plan.variable("emb").route == "sharded"
+    graph, h = models.build(optimizer="adagrad", sparse=True, ema=True)
+    with pytest.raises(tfpar.NotYetSupportedError,
+                       match=r"'emb' is read by op .*ExponentialMovingAverage.* after the "
+                             r"training step.*sparse_route=\{'emb': 'ps'\}"):
+        tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded"))

@@ -132,8 +132,16 @@ class _Sharded:
         training = _training_ops(self.g, self.by_name)
         shape_of = lambda op: tf.constant(list(self.v.shape), dtype=op.get_attr("out_type"))
         for c in list(handle.consumers()):
-            if c in skip or c.type in _IGNORED or c not in training:
-                continue  # the initialiser, a Saver's read: never run by a training step
+            if c in skip or c.type in _IGNORED:
+                continue
+            if c not in training:
+                # The initialiser and a Saver's reads never run in a step; a read that
+                # writes another variable after the step (an ExponentialMovingAverage
+                # of it) would read a variable that no longer exists: refused.
+                writer = _writes_another(c, self.var_op)
+                if writer is not None:
+                    self._refuse(writer, "after the training step")
+                continue
             if c.type == "ResourceGather" and c.inputs[0] is handle:
                 found.append(_Lookup(self, c))
             elif c.type == "VariableShape":
@@ -141,7 +149,12 @@ class _Sharded:
             elif c.type in ("Identity", "RefIdentity", "ReadVariableOp"):
                 read = c.outputs[0]
                 for x in list(read.consumers()):
-                    if x in skip or x not in training:
+                    if x in skip:
+                        continue
+                    if x not in training:
+                        writer = _writes_another(x, self.var_op)
+                        if writer is not None:
+                            self._refuse(writer, "after the training step")
                         continue
                     if x.type in _GATHERS and x.inputs[0] is read and _axis_zero(x):
                         found.append(_Lookup(self, x))
@@ -153,11 +166,12 @@ class _Sharded:
                 self._refuse(c)
         return found
 
-    def _refuse(self, op):
+    def _refuse(self, op, where="in the training step"):
         raise NotYetSupportedError(
-            f"variable {self.v.name!r} is read by op {op.name!r} ({op.type}) in the training "
-            "step; route 'sharded' supports lookups of its rows (embedding_lookup, gather) "
-            "only: use sparse_route 'ps' for it")
+            f"variable {self.v.name!r} is read by op {op.name!r} ({op.type}) {where} (an "
+            "ExponentialMovingAverage of it, or another whole read); route 'sharded' "
+            "supports lookups of its rows (embedding_lookup, gather) only: route it to the "
+            f"parameter servers, tfpar.Config(sparse_route={{{self.v.name!r}: 'ps'}})")
 
     # -- backward and update -----------------------------------------------------------------
     def _prepare(self, i: int, g) -> tf.Tensor:
@@ -251,6 +265,27 @@ class _Sharded:
                 if plan_slot is not None and plan_slot.slot_of == self.v.name:
                     seen.append(p)
         return [(p, None) for p in seen]
+
+_WRITES = ("Assign", "AssignSub", "AssignAdd", "AssignVariableOp", "AssignSubVariableOp",
+           "AssignAddVariableOp")
+
+
+def _writes_another(op: tf.Operation, var_op: tf.Operation) -> Optional[tf.Operation]:
+    """An op that writes a variable other than `var_op` with what `op` computes (a moving
+    average's update), found among `op`'s consumers; None if there is none."""
+    seen, stack = set(), [op]
+    while stack:
+        x = stack.pop()
+        if x in seen or len(seen) > 200:
+            continue
+        seen.add(x)
+        if x.type in _WRITES and x is not op and x.inputs[0].op is not var_op:
+            return x
+        if x.type in ("SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints"):
+            continue  # a Saver's save reads it: the runner saves the variable itself
+        stack.extend(c for t in x.outputs for c in t.consumers())
+    return None
+
 
 def _axis_zero(gather: tf.Operation) -> bool:
     if gather.type != "GatherV2":
