@@ -15,6 +15,7 @@ without clipping: a checkpoint saved by 2 workers with it restores into the "ps"
 into 2 hosts x 2 workers sharded, and into the plain single-device graph, whose own save
 restores into "sharded" again; each resumes exactly.
 """
+import glob
 import json
 import os
 import signal
@@ -236,19 +237,26 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_readable(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-c", KILL_WORKER, prefix], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+    partial = []
     try:
         first = None
         for line in proc.stdout:
             if line.startswith("saved"):
                 first = line.split()[1]
             if line.startswith("saving"):
-                time.sleep(0.3)  # in the middle of writing the second checkpoint
                 break
+        # Killed in the middle of writing the second checkpoint: while TensorFlow's
+        # bundle writer writes a file under a temporary name (renamed when complete).
+        deadline = time.time() + 60
+        while not partial and time.time() < deadline:
+            partial = glob.glob(prefix + "-2*.tempstate*")
+            time.sleep(0.002)
         proc.send_signal(signal.SIGKILL)
         proc.wait(60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert partial, "the second save was never caught while writing"
     assert first == prefix + "-1"
     latest = tf.train.latest_checkpoint(str(tmp_path))
     assert latest == first
