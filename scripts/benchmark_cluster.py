@@ -1,7 +1,11 @@
 """Benchmark: the language model on an emulated cluster, tfpar against Horovod and TF's PS.
 
     sudo .venv/bin/python -m scripts.benchmark_cluster [--hosts 2] [--rates 100mbit 1gbit]
-        [--vocabs 200000 50000] [--batch 2048] [--repeats 1]
+        [--vocabs 200000 50000] [--batch 2048] [--repeats 1] [--model lm|recommender]
+
+`--model recommender` runs examples/recommender.py (several Zipf tables, FTRL + Adagrad;
+`--vocabs` is its item vocabulary, `--batch` examples per worker) with tfpar's systems
+only, and compares density routing with every fixed route.
 
 Hosts are network namespaces on links shaped with tc (`tfpar.testing.emulate`); horovodrun starts on
 the first host and reaches the others over ssh, as on a real cluster. N = 2 workers per
@@ -166,15 +170,18 @@ def density_of(summary):
 
 
 # -- running one system ---------------------------------------------------------------------
-def command(system, vocab, batch, steps, warmup, hosts):
+def command(system, vocab, batch, steps, warmup, hosts, model="lm"):
     if system in ("HYBRID", "AR", "PS") or system.startswith(("HYBRID_", "PS_")):
         mode, _, variant = system.partition("_")
-        script = [os.path.join(REPO, "examples", "lm.py"), "--run-mode", mode,
+        script = [os.path.join(REPO, "examples", f"{model}.py"), "--run-mode", mode,
                   "--partitions", str(hosts)]
+        if model == "recommender" and variant == "":
+            variant = "ps"  # its own default is "auto"
         script += {"": [], "auto": ["--sparse-route", "auto"],
                    "allreduce": ["--sparse-route", "allreduce"],
                    "allgather": ["--sparse-route", "allgather"],
                    "sharded": ["--sparse-route", "sharded"], "async": ["--async"],
+                   "ps": ["--sparse-route", "ps"],
                    "direct": ["--no-local-aggregation"],
                    "measured": ["--sparse-route", "auto", "--local-aggregation", "auto"]
                    if mode == "HYBRID" else ["--local-aggregation", "auto"]}[variant]
@@ -188,7 +195,7 @@ def command(system, vocab, batch, steps, warmup, hosts):
                      "--warmup", str(warmup), "--log-every", str(warmup)]
 
 
-def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
+def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, model="lm"):
     """Runs one job; returns its summary with the wire bytes between the warm-up step and
     the last step."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,7 +203,7 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
         # The start-up broadcast of 200k-row variables and their slots takes over Gloo's
         # default 30 s per operation on 100 Mbit/s links at N = 6.
         cmd, env = horovodrun_command(
-            n, [*command(system, vocab, batch, steps, warmup, hosts), "--json", out],
+            n, [*command(system, vocab, batch, steps, warmup, hosts, model), "--json", out],
             cluster.hosts_arg(2, hosts), cluster, REPO,
             {"HOROVOD_GLOO_TIMEOUT_SECONDS": "600"}, log_level="3")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -232,6 +239,8 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout):
 
 def plan_steps(system, vocab, batch, n, hosts, rate, rows, steps, warmup):
     """Fewer steps for a system whose analytic bytes make a step take many seconds."""
+    if rows is None:  # no analytic model (the recommender)
+        return steps, warmup
     seconds = model_bytes(system, vocab, n, hosts, rows) * n / max(hosts, 1) * 8 / rate
     if seconds * (steps - warmup) <= 60:
         return steps, warmup
@@ -251,6 +260,8 @@ def main():
     p.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--name", default="benchmark_cluster")
+    p.add_argument("--model", default="lm", choices=("lm", "recommender"),
+                   help="examples/lm.py (default) or examples/recommender.py (tfpar only)")
     p.add_argument("--out", default=None,
                    help="the report's folder (default: docs/results/<name>/)")
     p.add_argument("--merge", nargs="*", default=[], metavar="JSON",
@@ -260,6 +271,9 @@ def main():
                    help="write the tables and plot of an earlier run's results; run nothing")
     args = p.parse_args()
     args.out = args.out or results_dir(args.name)
+    if args.model != "lm" and set(args.systems) & {"horovod", "horovod_sparse_as_dense",
+                                                   "tf_ps"}:
+        p.error("the baselines (horovod*, tf_ps) are written for the language model only")
     if args.render:
         with open(args.render) as f:
             done = json.load(f)
@@ -267,6 +281,7 @@ def main():
         args.batch = done["rows"][0]["batch"]
         args.repeats = max(r["repeats"] for r in done["rows"])
         args.merged_from = done.get("merged_from", [])
+        args.model = done.get("model", "lm")
         return write(done["rows"], args, done["argv"], done["date"])
     rows = []
     for rate in args.rates:
@@ -274,7 +289,7 @@ def main():
             for hosts in args.hosts:
                 n = 2 * hosts
                 for vocab in args.vocabs:
-                    counts = batch_rows(vocab, args.batch)
+                    counts = batch_rows(vocab, args.batch) if args.model == "lm" else None
                     runs = {s: [] for s in args.systems}
                     for _ in range(args.repeats):
                         for system in args.systems:
@@ -283,7 +298,7 @@ def main():
                                                        args.warmup)
                             try:
                                 r = run_one(cluster, system, vocab, args.batch, n, hosts,
-                                            steps, warmup, args.timeout)
+                                            steps, warmup, args.timeout, args.model)
                             except RuntimeError as e:  # reported, and the others go on
                                 print(f"{rate} N={n} vocab={vocab:,} {LABELS[system]}: {e}"
                                       [:3000], flush=True)
@@ -303,12 +318,13 @@ def main():
                             "words_per_s": statistics.median(r["words_per_s"] for r in rs),
                             "wire_per_step_worker": statistics.median(
                                 r["wire_per_step_worker"] for r in rs),
-                            "model_per_step_worker": model_bytes(
+                            "model_per_step_worker": counts and model_bytes(
                                 modelled_as(system, rs[-1]), vocab, n, hosts, counts),
                             "routes": {k: v for k, v in rs[-1].get("routes", {}).items()
                                        if k in density_of(rs[-1])},
                             "alpha": density_of(rs[-1]),
-                            "floor_per_step_worker": model_bytes("floor", vocab, n, hosts, counts),
+                            "floor_per_step_worker": counts and model_bytes(
+                                "floor", vocab, n, hosts, counts),
                             "loss_last": rs[-1].get("loss_last"), "repeats": len(rs),
                             "rows": counts})
         left = EmulatedCluster(name="tfpb").leftovers()
@@ -348,21 +364,27 @@ def table(rows, rate):
             f"| {r['workers']} | {r['vocab']:,} | {LABELS[r['system']]}"
             + (f" (run {r['run']})" if r.get("run") else "") + " | "
             f"{r['step_time_s'] * 1e3:.0f} | {r['words_per_s']:,.0f} | "
-            f"{r['wire_per_step_worker'] / 1e6:.3f} | {r['model_per_step_worker'] / 1e6:.3f} | "
-            f"{r['floor_per_step_worker'] / 1e6:.3f} | "
+            f"{r['wire_per_step_worker'] / 1e6:.3f} | " + _mb(r["model_per_step_worker"])
+            + _mb(r["floor_per_step_worker"])
             + (f"{r['wire_per_step_worker'] / r['floor_per_step_worker']:.2f}x | "
-               if r["floor_per_step_worker"] else "- (one host) | ")
+               if r["floor_per_step_worker"] else "- | ")
             + f"{r['step_time_s'] / hybrid['step_time_s']:.2f}x |")
     return "\n".join(lines)
 
 
+def _mb(b):
+    return "- | " if b is None else f"{b / 1e6:.3f} | "
+
+
 FIXED_ROUTES = (("ps", "HYBRID"), ("allreduce", "HYBRID_allreduce"),
-                ("allgather", "HYBRID_allgather"))
+                ("allgather", "HYBRID_allgather"), ("sharded", "HYBRID_sharded"))
 
 
 def density_table(rows):
-    """Per configuration: alpha, density routing's choice and time, and each fixed route's
-    (the columns of routes this run did not measure say "-")."""
+    """Per configuration: the measured alphas, density routing's routes and time, each
+    fixed route's time (the columns of routes this run did not measure say "-"), and
+    whether it chose the fastest (one route for every variable) or, routes mixed, how
+    much faster it ran than the fastest fixed route."""
     lines = []
     for r in rows:
         if r["system"] != "HYBRID_auto":
@@ -372,26 +394,30 @@ def density_table(rows):
         fixed = {route: same[system]["step_time_s"] for route, system in FIXED_ROUTES
                  if system in same}
         chosen = sorted(set(r["routes"].values()))
-        if len(fixed) < 2 or len(chosen) != 1:
-            faster = "-"
-        else:
+        if len(fixed) < 2:
+            verdict = "-"
+        elif len(chosen) == 1:
             best = min(fixed.values())
             near = [route for route, t in fixed.items() if t <= 1.05 * best]
-            faster = ("yes" if chosen[0] in near else "no") + (
+            verdict = ("yes" if chosen[0] in near else "no") + (
                 f" (within 5%: {', '.join(near)})" if len(near) > 1 else "")
+        else:
+            verdict = f"routes mixed: {min(fixed.values()) / r['step_time_s']:.2f}x faster"
         alpha = r["alpha"]
+        counted = ", ".join(f"{route} x{sum(1 for v in r['routes'].values() if v == route)}"
+                            for route in chosen)
         lines.append(
             f"| {r['rate']} | {r['workers']} | {r['vocab']:,} | "
-            f"{alpha.get('embedding', float('nan')):.3f} / "
-            f"{alpha.get('softmax/weights', float('nan')):.3f} | {', '.join(chosen)} | "
-            f"{r['step_time_s'] * 1e3:.0f} | "
+            + (f"{min(alpha.values()):.3f} to {max(alpha.values()):.3f}" if alpha else "-")
+            + f" | {counted} | {r['step_time_s'] * 1e3:.0f} | "
             + " | ".join(f"{fixed[route] * 1e3:.0f}" if route in fixed else "-"
-                         for route, _ in FIXED_ROUTES) + f" | {faster} |")
+                         for route, _ in FIXED_ROUTES) + f" | {verdict} |")
     if not lines:
         return ""
-    head = ("| link | N | vocab | alpha | route chosen | density-routed (ms) | ps (ms) | "
-            "allreduce (ms) | allgather (ms) | chose the fastest |")
-    return "\n".join([head, "|" + "---|" * 10] + lines)
+    head = ("| link | N | vocab | alpha | routes chosen (variables) | density-routed (ms) | "
+            + " | ".join(f"{route} (ms)" for route, _ in FIXED_ROUTES)
+            + " | chose the fastest |")
+    return "\n".join([head, "|" + "---|" * (head.count("|") - 1)] + lines)
 
 
 def write(rows, args, argv=None, stamp=None):
@@ -400,11 +426,15 @@ def write(rows, args, argv=None, stamp=None):
     stamp = stamp or datetime.datetime.now().strftime("%Y-%m-%d")
     with open(os.path.join(args.out, args.name + ".json"), "w") as f:
         json.dump({"machine": machine(), "date": stamp, "argv": argv, "rows": rows,
+                   "model": getattr(args, "model", "lm"),
                    "merged_from": getattr(args, "merged_from", [])}, f, indent=2)
-    text = [f"# Language model on an emulated cluster\n\n`{invocation(argv)}`, "
+    model = getattr(args, "model", "lm")
+    title = "Language model" if model == "lm" else "Recommender (examples/recommender.py)"
+    unit = "words" if model == "lm" else "examples"
+    text = [f"# {title} on an emulated cluster\n\n`{invocation(argv)}`, "
             f"{stamp}, on {machine()}. Hosts are network namespaces on this one machine "
             "(tfpar.testing.emulate), 2 workers each, links shaped with tc tbf; all processes share "
-            f"the machine's CPU cores. {args.batch} words per worker per step; median of "
+            f"the machine's CPU cores. {args.batch} {unit} per worker per step; median of "
             f"{args.repeats} interleaved run(s). Wire bytes: the hosts' link counters between "
             "the warm-up step and the last step, divided by steps and workers. Model: the "
             "system's own bytes by Parallax's Table 3 on this topology; floor: HYBRID's with "
@@ -418,10 +448,11 @@ def write(rows, args, argv=None, stamp=None):
     if sweep:
         text.append("\n## Density routing: measured alpha, the route chosen, and each route\n\n"
                     "alpha: the fraction of a variable's rows one worker's step touches, "
-                    "measured by the density-routed run (embedding / softmax weights). "
-                    "`ps`, `allreduce` and `allgather`: tfpar HYBRID with every sparse "
-                    "variable on the parameter servers, through a dense allreduce, or "
-                    "through Horovod's allgather.\n\n" + sweep + "\n")
+                    "measured by the density-routed run (the least and the most of its "
+                    "sparse variables). `ps`, `allreduce`, `allgather` and `sharded`: tfpar "
+                    "HYBRID with every sparse variable on the parameter servers, through a "
+                    "dense allreduce, through Horovod's allgather, or its rows sharded over "
+                    "the workers (all-to-all).\n\n" + sweep + "\n")
     text.append(f"\n![step time and wire bytes]({args.name}.png)\n")
     with open(os.path.join(args.out, args.name + ".md"), "w") as f:
         f.write("".join(text))
@@ -452,8 +483,8 @@ def plot(rows, args, path):
         ax.set_yscale("log")
         ax.set_title(title)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"LM on emulated hosts, {args.batch} words/worker/step; {machine()[:70]}",
-                 fontsize=9)
+    fig.suptitle(f"{getattr(args, 'model', 'lm')} on emulated hosts, batch {args.batch} per "
+                 f"worker; {machine()[:70]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

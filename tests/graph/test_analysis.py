@@ -9,7 +9,7 @@ tf1 = tf.compat.v1
 
 
 def graph_with(optimizer=lambda: tf1.train.AdamOptimizer(0.1), use_resource=True,
-               partitioner=None, clip=False, two_optimizers=False):
+               partitioner=None, clip=False, two_optimizers=False, ema=False):
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [4, 3], name="x")
@@ -32,7 +32,10 @@ def graph_with(optimizer=lambda: tf1.train.AdamOptimizer(0.1), use_resource=True
             grads, variables = zip(*gv)
             if clip:
                 grads, _ = tf.clip_by_global_norm(grads, 1.0)
-            opt.apply_gradients(list(zip(grads, variables)), global_step=step)
+            train = opt.apply_gradients(list(zip(grads, variables)), global_step=step)
+            if ema:
+                with tf.control_dependencies([train]):
+                    tf1.train.ExponentialMovingAverage(0.9).apply([emb])
     return g
 
 
@@ -100,6 +103,19 @@ def test_two_optimizers():
     assert a.variable("emb").updates[0].gradient.values.startswith("gradients_1/")
     assert a.variable("shared").updates[0].op_types == ("ResourceApplyGradientDescent",)
     assert set(a.train_ops) == {"Adam", "GradientDescent"}
+
+
+@pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
+def test_reads_besides_row_lookups_are_recorded(use_resource):
+    """Route "sharded" can split a variable read by row lookups only: a moving average of
+    it (a read after the step that writes another variable) is recorded; the lookups, the
+    initialiser and a Saver are not."""
+    plain = analyse(graph_with(use_resource=use_resource))
+    assert plain.variable("emb").other_reads == ()
+    with_ema = analyse(graph_with(use_resource=use_resource, ema=True))
+    reads = with_ema.variable("emb").other_reads
+    assert reads and all("ExponentialMovingAverage" in r for r in reads), reads
+    assert with_ema.variable("w").other_reads == ()  # dense: not recorded
 
 
 def test_meta_graph_input_gives_the_same_analysis():

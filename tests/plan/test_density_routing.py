@@ -120,6 +120,38 @@ def test_one_worker_needs_no_parameter_server():
     assert routing.decide((candidate(0.01),), 1, LINKS)["emb"].route == "allreduce"
 
 
+def test_sharded_rows_move_the_servers_bytes_and_win_on_a_cheaper_all_to_all():
+    # The all-to-alls carry what the servers carry (each worker's unique rows and ids, out
+    # and back): which of the two wins is the latency of their exchanges.
+    c = candidate(0.01)
+    assert routing.sharded_bytes(c, 4) == pytest.approx(routing.ps_bytes(c, 4))
+    cheap = routing.Links(latency_s=1e-3, per_byte_s=1e-8, alltoall_latency_s=0.5e-3)
+    choice = routing.decide((c,), 4, cheap)["emb"]
+    assert choice.route == "sharded" and choice.sharded_s == pytest.approx(choice.ps_s)
+    assert "all-to-all" in choice.reason and "1.500 ms" in choice.reason
+    assert "sharded" in routing.describe("emb", choice)
+    dear = dataclasses.replace(cheap, alltoall_latency_s=2e-3)
+    assert routing.decide((c,), 4, dear)["emb"].route == "ps"
+    # Unmeasured, an all-to-all costs an allreduce's latency: the tie goes to the servers.
+    assert routing.decide((c,), 4, LINKS)["emb"].route == "ps"
+
+
+def test_sharded_rows_are_not_chosen_where_the_route_cannot_take_them():
+    cheap = routing.Links(latency_s=1e-3, per_byte_s=1e-8, alltoall_latency_s=1e-4)
+    blocked = dataclasses.replace(candidate(0.01), sharded_route=False)
+    assert routing.decide((blocked,), 4, cheap)["emb"].route == "ps"
+    assert routing.decide((blocked,), 4, cheap)["emb"].sharded_s is None
+    assert routing.decide((candidate(0.5, rows=3),), 4, cheap)["emb"].route != "sharded"
+
+
+def test_a_variable_on_the_servers_draws_the_others_there_unless_sharding_pays_its_own():
+    cheap = routing.Links(latency_s=1e-3, per_byte_s=1e-8, alltoall_latency_s=0.5e-3)
+    # The servers' protocol is paid for "other" already: equal bytes, no all-to-alls added.
+    assert routing.decide((candidate(0.01),), 4, cheap, {"other": "ps"})["emb"].route == "ps"
+    both = routing.decide((candidate(0.01), candidate(0.02, name="big")), 4, cheap)
+    assert {c.route for c in both.values()} == {"sharded"}
+
+
 # -- configuration and plan ---------------------------------------------------------------------
 @pytest.mark.parametrize("bad", ["fast", {"emb": "auto"}, {}, 3])
 def test_bad_sparse_route_is_a_clear_error(bad):
@@ -137,6 +169,32 @@ def _plan(config, **model):
     analysis = tfpar.analyse(graph)
     from tfpar.plan.planner import make_plan
     return make_plan(analysis, config, parse_resources("localhost:2"))
+
+
+def test_density_routing_shards_only_what_the_sharded_route_can_take():
+    """The measured density with a cheap all-to-all shards the embedding, unless a moving
+    average reads it whole (the rewrite would refuse it) or a time-based checkpoint would
+    need it: then the servers, which move the same bytes."""
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.measurements import Measurements
+    # Slow links for a small table: bytes decide against the dense allreduce.
+    cheap = routing.Links(latency_s=1e-4, per_byte_s=1e-5, alltoall_latency_s=0.5e-4)
+    # 4 of its 20 rows per step, 16 ids with duplicates (what an allgather would send).
+    measured = Measurements(links=cheap, steps=1, alphas={"emb": 0.2}, sent_rows={"emb": 16})
+
+    def route(config, **model):
+        graph, _ = models.build(optimizer="adagrad", sparse=True, **model)
+        plan = make_plan(tfpar.analyse(graph), config, parse_resources("localhost:2"),
+                         measured)
+        return plan.variable("emb").route, plan
+
+    r, plan = route(tfpar.Config(sparse_route="auto"))
+    assert r == "sharded" and plan.num_ps == 0
+    assert plan.variable("emb").tiling is not None
+    assert any("emb: alpha 0.200 -> sharded" in n for n in plan.notes)
+    assert route(tfpar.Config(sparse_route="auto"), ema=True)[0] == "ps"
+    assert route(tfpar.Config(sparse_route="auto", checkpoint_dir="/tmp/x",
+                              checkpoint_every_secs=60))[0] == "ps"
 
 
 def test_forced_allreduce_plans_a_dense_allreduce_and_no_parameter_server():

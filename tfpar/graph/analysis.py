@@ -24,6 +24,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import tensorflow as tf
 
+from tfpar.graph import row_reads
 from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
 from tfpar.plan.graph_facts import (DEFAULT_GRADIENT_SCOPE, Gradient, GraphAnalysis,  # noqa: F401
                                     PartitionInfo, Update, VariableInfo)
@@ -292,6 +293,9 @@ class _Analyser:
                         slot_owner.setdefault(s, op.name)
             infos[op.name] = (op, trainable, part, updates)
         blockers.extend(self._horovod_ops())
+        step_ops = row_reads.training_ops(
+            self.graph.get_operation_by_name(n)
+            for _, trainable, _, updates in infos.values() for u in updates for n in u.ops)
         result = []
         for name, (op, trainable, part, updates) in infos.items():
             if trainable:
@@ -309,7 +313,9 @@ class _Analyser:
                 name=name, shape=tuple(shape.as_list()) if shape.rank is not None else (),
                 dtype=dtype.name, nbytes=nbytes, resource=op.type == "VarHandleOp",
                 trainable=trainable, role=role, updates=updates,
-                slot_of=slot_owner.get(name), partition=part))
+                slot_of=slot_owner.get(name), partition=part,
+                other_reads=self._other_reads(op, updates, step_ops)
+                if any(u.gradient.kind == "sparse" for u in updates) else ()))
         if not any(v.role == "trained" for v in result) and not blockers:
             raise TfparError(
                 "the graph has no optimizer update ops (no variable is written from a gradient): "
@@ -321,6 +327,13 @@ class _Analyser:
         return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops,
                              tuple(blockers), training_batch_norms(self.graph),
                              unsynced_batch_norms(self.graph))
+
+    def _other_reads(self, var_op, updates, step_ops) -> Tuple[str, ...]:
+        ops = {o for u in updates for o in (
+            [op for op in self.ops if op.name.startswith(u.scope)] if u.scope else
+            [self.graph.get_operation_by_name(n) for n in u.ops])}
+        reads = row_reads.row_reads(var_op, ops, step_ops)
+        return tuple(dict.fromkeys(op.name for op, _ in reads.others))
 
     def _horovod_ops(self) -> List[Blocker]:
         """Horovod's own collectives in the user's graph (a Horovod script's

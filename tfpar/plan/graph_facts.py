@@ -64,6 +64,10 @@ class VariableInfo:
     updates: Tuple[Update, ...] = ()
     slot_of: Optional[str] = None
     partition: Optional[PartitionInfo] = None
+    # Reads of a sparse trained variable other than row lookups and shape reads (op names): a
+    # whole read in the step, or an ExponentialMovingAverage of it after the step. Route
+    # "sharded" needs none (`tfpar.graph.row_reads`).
+    other_reads: Tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:

@@ -161,7 +161,8 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
         v = analysis.variable(name)
         candidates.append(routing.Candidate(
             name, v.shape[0], (v.nbytes or 0) // max(v.shape[0], 1), alpha, len(v.updates),
-            sent_rows=(sent or {}).get(name), dense_route=_dense_route_problem(v) is None))
+            sent_rows=(sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
+            sharded_route=_sharded_problem(v, config, layout.num_workers) is None))
     choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced))
     for name in forced:  # not measured: no density, no prediction shown
         choices[name] = routing.RouteChoice(forced[name], None,
@@ -302,6 +303,22 @@ def rows_over(n: int) -> Tiling:
     """The tiling of a sharded variable: its rows split over the n workers (worker k holds
     the k-th range, the first ones a row longer, as fixed_size_partitioner cuts)."""
     return Tiling((Cut(0, n),))
+
+
+def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
+    """Why route "sharded" cannot take `v` (None: it can). The rewrite refuses the same."""
+    if not v.shape or v.shape[0] is None or v.shape[0] < n:
+        return "it needs a static number of rows, at least one a worker"
+    for u in v.updates:
+        if not any(t.startswith(_SPARSE_WRITERS_PREFIXES) for t in u.op_types):
+            return "its optimizer's update is dense"
+        if u.gradient.inexact:
+            return u.gradient.inexact
+    if v.other_reads:
+        return f"op {v.other_reads[0]!r} reads the whole variable"
+    if config.checkpoint_every_secs:
+        return "Config.checkpoint_every_secs cannot save sharded variables"
+    return None
 
 
 def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePlan:

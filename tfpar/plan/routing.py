@@ -1,5 +1,6 @@
-"""Routing by measurement: sparse variables to parameter servers, a dense allreduce or a
-sparse allgather, and whether each host aggregates its pushes.
+"""Routing by measurement: sparse variables to parameter servers, a dense allreduce, a
+sparse allgather or rows sharded over the workers (all-to-all), and whether each host
+aggregates its pushes.
 
 Parallax sends every sparse variable to the parameter servers. That pays when a step
 touches few of its rows (alpha << 1) of many workers, but when most rows are touched (a
@@ -11,26 +12,32 @@ each sparse variable's alpha (the mean fraction of its rows one worker's step to
 the rows its gradients carry (duplicate ids included: what an allgather sends) and the
 job's links (an alpha-beta fit of Horovod allreduces), predicts each route's time per step
 with the cost model and picks per variable; the parameter-server protocol's fixed cost is
-paid once if any variable uses it.
+paid once if any variable uses it. Sharded rows move the parameter servers' bytes (each
+worker's unique rows to and from their owners) with three all-to-alls instead of the
+servers' protocol, so between those two the measured latencies decide (a tiny all-to-all
+against a tiny allreduce).
 
 Pure: no TensorFlow here (measurement is in `tfpar.runtime.measure`).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Dict, Optional, Tuple
 
 from tfpar.plan import cost
 
-SPARSE_ROUTES = ("ps", "allreduce", "allgather")  # what density routing chooses between
-# ...and what Config.sparse_route may fix: "sharded" (the rows over the workers, exchanged by
-# all-to-all) is not priced yet, so "auto" never picks it.
-FIXED_SPARSE_ROUTES = SPARSE_ROUTES + ("sharded",)
+# What density routing chooses between, and what Config.sparse_route may fix.
+SPARSE_ROUTES = ("ps", "allreduce", "allgather", "sharded")
+FIXED_SPARSE_ROUTES = SPARSE_ROUTES
 # Sequential exchanges the synchronous parameter-server protocol adds to a step that an
 # allreduce-only step does not have: the pull before the forward pass, the push after the
 # backward pass, and the chief's token that ends the step (the chief's update waits for
 # the pushes it sums, so it is not overlapped either).
 PS_ROUND_TRIPS = 3
+# Sequential all-to-alls of route "sharded": ids to their owners and rows back before the
+# forward pass goes on, then the row gradients to their owners.
+SHARDED_EXCHANGES = 3
 INDEX_BYTES = 8  # an int64 row id, sent with every pulled and pushed row
 
 
@@ -49,6 +56,13 @@ class Links:
     # per_byte_s times the allreduce's bytes).
     dense_per_byte_s: Optional[float] = None
     source: str = "measured"  # "measured" (in this job) | "given"
+    # Time of a tiny all-to-all, the cost of one of route "sharded"'s exchanges (None:
+    # latency_s).
+    alltoall_latency_s: Optional[float] = None
+
+    @property
+    def alltoall_s(self) -> float:
+        return self.latency_s if self.alltoall_latency_s is None else self.alltoall_latency_s
 
     def allreduce_s(self, c: "Candidate", n: int) -> float:
         """Predicted seconds of the dense route of `c` per step."""
@@ -66,16 +80,22 @@ class Links:
         """Predicted seconds of the allgather route of `c` per step."""
         return allgather_bytes(c, n) * self.per_byte_s
 
+    def sharded_s(self, c: "Candidate", n: int) -> float:
+        """Predicted seconds of the sharded route's bytes of `c` per step."""
+        return sharded_bytes(c, n) * self.per_byte_s
+
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """A sparse variable that could take either route.
+    """A sparse variable that could take any of the routes.
 
     rows, row_bytes: its shape; alpha: the mean fraction of rows one worker's step touches
     (each of its gradients counted); gradients: how many gradients it has per step;
     sent_rows: the rows one worker's gradients carry per step, duplicate ids included, all
     gradients together (None: alpha * rows per gradient, no duplicates); dense_route: False
-    when the dense allreduce cannot be exact for it (a sum over its gradient's rows).
+    when the dense allreduce cannot be exact for it (a sum over its gradient's rows);
+    sharded_route: False when route "sharded" cannot take it (fewer rows than workers, a
+    dense update, a read of the whole variable).
     """
 
     name: str
@@ -85,6 +105,7 @@ class Candidate:
     gradients: int = 1
     sent_rows: Optional[float] = None
     dense_route: bool = True
+    sharded_route: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +118,7 @@ class RouteChoice:
     ps_s: Optional[float] = None
     reason: str = ""
     allgather_s: Optional[float] = None
+    sharded_s: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,26 +176,37 @@ def allgather_bytes(c: Candidate, n: int) -> float:
     return cost.allgather_bytes(sent * (c.row_bytes + INDEX_BYTES), n)
 
 
+def sharded_bytes(c: Candidate, n: int) -> float:
+    """Each worker's unique rows: ids out and rows back (lookups), row gradients with their
+    ids out (the backward), as all-to-alls: the parameter servers' bytes, no server."""
+    rows = c.alpha * c.rows * c.gradients
+    return cost.sharded_bytes(rows * c.row_bytes, rows * INDEX_BYTES, n)
+
+
 def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
            forced: Optional[Dict[str, str]] = None) -> Dict[str, RouteChoice]:
     """The routes of the candidates that minimise the predicted step time.
 
     A step pays each variable's time on its route (`Links.allreduce_s`, `ps_s`,
-    `allgather_s`) plus, once, the fixed cost of every kind of route some variable takes
-    (`FIXED_EXCHANGES`: the parameter servers' protocol; the allgather's own collective,
-    while the allreduce route joins the dense gradients' fused allreduce). Every choice of
-    which kinds to pay for is tried (two kinds: four choices), each variable taking its
-    fastest route among them; the cheapest step wins, fewer kinds on a tie. `forced`
-    routes are kept (their kinds are paid for).
+    `allgather_s`, `sharded_s`) plus, once, the fixed cost of every kind of route some
+    variable takes (`fixed_costs`: the parameter servers' protocol, the all-to-alls of
+    sharded rows, the allgather's own collective; the allreduce route joins the dense
+    gradients' fused allreduce). Every choice of which kinds to pay for is tried, each
+    variable taking its fastest route among them; the cheapest step wins, fewer kinds on
+    a tie, then the order of `SPARSE_ROUTES`. `forced` routes are kept (their kinds are
+    paid for).
     """
     forced = forced or {}
     volume = {c.name: {"allreduce": allreduce_bytes(c, n), "ps": ps_bytes(c, n),
-                       "allgather": allgather_bytes(c, n)} for c in candidates}
+                       "allgather": allgather_bytes(c, n), "sharded": sharded_bytes(c, n)}
+              for c in candidates}
     times = {c.name: {"allreduce": links.allreduce_s(c, n), "ps": links.ps_s(c, n),
-                      "allgather": links.allgather_s(c, n)} for c in candidates}
-    allowed = {c.name: ("allreduce", "allgather", "ps") if c.dense_route
-               else ("allgather", "ps") for c in candidates}
-    fixed = {kind: k * links.latency_s for kind, k in FIXED_EXCHANGES.items()}
+                      "allgather": links.allgather_s(c, n), "sharded": links.sharded_s(c, n)}
+             for c in candidates}
+    allowed = {c.name: tuple(r for r in _ORDER if (r != "allreduce" or c.dense_route)
+                             and (r != "sharded" or (c.sharded_route and c.rows >= n)))
+               for c in candidates}
+    fixed = fixed_costs(links)
     paid = set(forced.values())
     free = [c.name for c in candidates if c.name not in forced]
 
@@ -191,7 +224,9 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
         return route, bytes_s + sum(fixed.get(r, 0.0) for r in used), bytes_s
 
     choices = []
-    for extra in ((), ("allgather",), ("ps",), ("allgather", "ps")):  # fewer kinds first
+    kinds = [k for k in _ORDER if k in fixed]
+    for extra in sorted((subset for size in range(len(kinds) + 1)
+                         for subset in itertools.combinations(kinds, size)), key=len):
         route, total, bytes_s = routes_with(paid | set(extra))
         if route is not None:
             choices.append((total, len(set(route.values())), route, bytes_s))
@@ -200,38 +235,53 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     out = {}
     for c in candidates:
         t, b, r = times[c.name], volume[c.name], route[c.name]
-        alone = min(allowed[c.name], key=lambda k: t[k])  # the fastest without fixed costs
+        # The fastest without fixed costs (equal bytes: the cheaper protocol).
+        alone = min(allowed[c.name], key=lambda k: (t[k], fixed.get(k, 0.0)))
         if c.name in forced:
             why = "set by tfpar.Config(sparse_route=...)"
         elif alone != r:
             _, _, with_it = routes_with(used | {alone})
             why = (f"{_KIND[alone]} would save {1e3 * (bytes_s - with_it):.3f} ms, less "
                    f"than {_FIXED_WHY[alone]} ({1e3 * fixed[alone]:.3f} ms)")
-        elif r == "ps":
-            other = min((k for k in allowed[c.name] if k != "ps"), key=lambda k: t[k])
-            why = (f"{b['ps']:,.0f} bytes per worker on the parameter servers against "
-                   + ("a dense allreduce" if other == "allreduce" else "an allgather")
-                   + f" of {b[other]:,.0f}")
+        elif r in ("ps", "sharded"):
+            twin = "sharded" if r == "ps" else "ps"
+            other = min((k for k in allowed[c.name] if k not in ("ps", "sharded")),
+                        key=lambda k: t[k])
+            why = (f"{b[r]:,.0f} bytes per worker " + ("on the parameter servers" if r == "ps"
+                                                       else "by all-to-all to the rows' owners")
+                   + " against " + ("a dense allreduce" if other == "allreduce"
+                                    else "an allgather") + f" of {b[other]:,.0f}")
+            if twin in allowed[c.name]:
+                why += (f"; {_FIXED_WHY[r]} ({1e3 * fixed[r]:.3f} ms) "
+                        + ("<=" if fixed[r] <= fixed[twin] else ">")
+                        + f" {_FIXED_WHY[twin]} ({1e3 * fixed[twin]:.3f} ms)")
         elif r == "allreduce":
             why = (f"most rows touched: a dense allreduce of {b['allreduce']:,.0f} bytes per "
                    f"worker takes less time than {b['ps']:,.0f} on the parameter "
                    f"servers or an allgather of {b['allgather']:,.0f}")
         else:
             why = (f"an allgather of {b['allgather']:,.0f} bytes per worker takes less time "
-                   f"than {b['ps']:,.0f} on the parameter servers"
+                   f"than {b['ps']:,.0f} on the parameter servers or by all-to-all"
                    + (f" or a dense allreduce of {b['allreduce']:,.0f}" if c.dense_route
                       else " (a dense allreduce would not be exact)"))
-        out[c.name] = RouteChoice(r, c.alpha, t["allreduce"], t["ps"], why, t["allgather"])
+        out[c.name] = RouteChoice(r, c.alpha, t["allreduce"], t["ps"], why, t["allgather"],
+                                  t["sharded"] if "sharded" in allowed[c.name] else None)
     return out
 
 
-# Sequential exchanges a kind of route adds to a step once any variable takes it (in
-# units of `Links.latency_s`); the allreduce route joins the dense gradients' allreduce.
-FIXED_EXCHANGES = {"ps": PS_ROUND_TRIPS, "allgather": 1}
+def fixed_costs(links: Links) -> Dict[str, float]:
+    """Seconds a kind of route adds to a step once any variable takes it (sequential
+    exchanges); the allreduce route joins the dense gradients' allreduce."""
+    return {"ps": PS_ROUND_TRIPS * links.latency_s, "allgather": links.latency_s,
+            "sharded": SHARDED_EXCHANGES * links.alltoall_s}
+
+
+_ORDER = ("allreduce", "allgather", "ps", "sharded")  # ties go to the first
 _KIND = {"ps": "the parameter servers", "allgather": "an allgather",
-         "allreduce": "a dense allreduce"}
+         "allreduce": "a dense allreduce", "sharded": "sharded rows (all-to-all)"}
 _FIXED_WHY = {"ps": f"their protocol's {PS_ROUND_TRIPS} exchanges",
-              "allgather": "the collective it adds"}
+              "allgather": "the collective it adds",
+              "sharded": f"its {SHARDED_EXCHANGES} all-to-alls"}
 
 
 def decide_aggregation(saved_bytes: float, links: Links) -> Aggregation:
@@ -259,5 +309,7 @@ def describe(name: str, choice: RouteChoice) -> str:
         times = (f" (predicted {1e3 * choice.allreduce_s:.3f} ms allreduce vs "
                  f"{1e3 * choice.ps_s:.3f} ms parameter servers"
                  + ("" if choice.allgather_s is None else
-                    f" vs {1e3 * choice.allgather_s:.3f} ms allgather") + ")")
+                    f" vs {1e3 * choice.allgather_s:.3f} ms allgather")
+                 + ("" if choice.sharded_s is None else
+                    f" vs {1e3 * choice.sharded_s:.3f} ms sharded") + ")")
     return f"{name}: alpha {alpha} -> {choice.route}{times}: {choice.reason}"

@@ -153,7 +153,8 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
     per_byte: the slope of plain allreduces against the bytes each worker moves.
     dense_per_byte: the slope of the dense route itself (rows summed into a [rows, 64+1]
     tensor, allreduced, touched rows gathered back) against that tensor's bytes, so the
-    local passes over it count too. Each probe grows 4x until it takes 10x the latency
+    local passes over it count too. alltoall_latency: the fastest tiny all-to-all (route
+    "sharded"'s exchange). Each probe grows 4x until it takes 10x the latency
     and at least 20 ms, so bytes, not noise, decide the slope. Rank 0's timings decide
     (each growth step too), so every rank runs the same collectives and gets the same fit.
     """
@@ -172,7 +173,9 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
                          1 << 10, t_rows, max_rows)
     dense = (rows - 8) * (_PROBE_COLUMNS + 1) * 4
     dense_per_byte = max(t_many - t_rows, 0.0) / dense
-    return Links(latency_s=t_small, per_byte_s=per_byte, dense_per_byte_s=dense_per_byte)
+    t_alltoall = _agreed(_time(_plain_alltoall, 1, repeats, f"{tag}_alltoall"))
+    return Links(latency_s=t_small, per_byte_s=per_byte, dense_per_byte_s=dense_per_byte,
+                 alltoall_latency_s=t_alltoall)
 
 
 _PROBE_COLUMNS = 64
@@ -196,6 +199,13 @@ def _variable(value) -> tf.Tensor:
 def _plain_allreduce(k: int, name: str):
     hvd = job.horovod()
     return hvd.allreduce(_variable(tf.ones([k], tf.float32)), op=hvd.Sum, name=name)
+
+
+def _plain_alltoall(k: int, name: str):
+    """`k` floats to every worker, as route "sharded" exchanges ids and rows."""
+    hvd = job.horovod()
+    return hvd.alltoall(_variable(tf.ones([k * hvd.size()], tf.float32)), name=name,
+                        ignore_name_scope=True)[0]
 
 
 def _dense_route(rows: int, name: str):

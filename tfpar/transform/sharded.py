@@ -35,14 +35,11 @@ import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError
 from tfpar.graph.naming import safe_name
+from tfpar.graph.row_reads import row_reads, training_ops
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery
 from tfpar.transform.tiled import new_tile
 
-_GATHERS = ("ResourceGather", "GatherV2", "Gather")
-# Uses of the variable that the training step does not run, or whose value we give.
-_IGNORED = ("VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitialized",
-            "DisableCopyOnRead")
 
 
 @dataclasses.dataclass
@@ -125,46 +122,16 @@ class _Sharded:
     # -- forward -----------------------------------------------------------------------------
     def find_lookups(self) -> List["_Lookup"]:
         """The lookups of the variable in the training step (its shape reads made
-        constants); any other read there is refused."""
+        constants); any other read (`row_reads`: an ExponentialMovingAverage of it, a
+        whole read) is refused."""
         skip = {op for ops in self.update_ops for op in ops}
-        found: List[_Lookup] = []
-        handle = self.var_op.outputs[0]
-        training = _training_ops(self.g, self.by_name)
-        shape_of = lambda op: tf.constant(list(self.v.shape), dtype=op.get_attr("out_type"))
-        for c in list(handle.consumers()):
-            if c in skip or c.type in _IGNORED:
-                continue
-            if c not in training:
-                # The initialiser and a Saver's reads never run in a step; a read that
-                # writes another variable after the step (an ExponentialMovingAverage
-                # of it) would read a variable that no longer exists: refused.
-                writer = _writes_another(c, self.var_op)
-                if writer is not None:
-                    self._refuse(writer, "after the training step")
-                continue
-            if c.type == "ResourceGather" and c.inputs[0] is handle:
-                found.append(_Lookup(self, c))
-            elif c.type == "VariableShape":
-                surgery.replace_uses(c.outputs[0], shape_of(c))
-            elif c.type in ("Identity", "RefIdentity", "ReadVariableOp"):
-                read = c.outputs[0]
-                for x in list(read.consumers()):
-                    if x in skip:
-                        continue
-                    if x not in training:
-                        writer = _writes_another(x, self.var_op)
-                        if writer is not None:
-                            self._refuse(writer, "after the training step")
-                        continue
-                    if x.type in _GATHERS and x.inputs[0] is read and _axis_zero(x):
-                        found.append(_Lookup(self, x))
-                    elif x.type == "Shape":
-                        surgery.replace_uses(x.outputs[0], shape_of(x))
-                    else:
-                        self._refuse(x)
-            else:
-                self._refuse(c)
-        return found
+        reads = row_reads(self.var_op, skip, _training_ops(self.g, self.by_name))
+        if reads.others:
+            self._refuse(*reads.others[0])
+        for op in reads.shapes:
+            surgery.replace_uses(op.outputs[0], tf.constant(list(self.v.shape),
+                                                            dtype=op.get_attr("out_type")))
+        return [_Lookup(self, op) for op in reads.lookups]
 
     def _refuse(self, op, where="in the training step"):
         raise NotYetSupportedError(
@@ -266,46 +233,10 @@ class _Sharded:
                     seen.append(p)
         return [(p, None) for p in seen]
 
-_WRITES = ("Assign", "AssignSub", "AssignAdd", "AssignVariableOp", "AssignSubVariableOp",
-           "AssignAddVariableOp")
-
-
-def _writes_another(op: tf.Operation, var_op: tf.Operation) -> Optional[tf.Operation]:
-    """An op that writes a variable other than `var_op` with what `op` computes (a moving
-    average's update), found among `op`'s consumers; None if there is none."""
-    seen, stack = set(), [op]
-    while stack:
-        x = stack.pop()
-        if x in seen or len(seen) > 200:
-            continue
-        seen.add(x)
-        if x.type in _WRITES and x is not op and x.inputs[0].op is not var_op:
-            return x
-        if x.type in ("SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints"):
-            continue  # a Saver's save reads it: the runner saves the variable itself
-        stack.extend(c for t in x.outputs for c in t.consumers())
-    return None
-
-
-def _axis_zero(gather: tf.Operation) -> bool:
-    if gather.type != "GatherV2":
-        return True
-    axis = tf.get_static_value(gather.inputs[2])
-    return axis is not None and int(axis) == 0 and gather.get_attr("batch_dims") == 0
-
-
 def _training_ops(graph: tf.Graph, by_name) -> set:
     """The ops a training step runs: everything the plan's updates depend on."""
-    roots = [graph.get_operation_by_name(n) for v in by_name.values()
-             for g in v.gradients for n in g.ops]
-    seen, stack = set(), list(roots)
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
-    return seen
+    return training_ops(graph.get_operation_by_name(n) for v in by_name.values()
+                        for g in v.gradients for n in g.ops)
 
 
 @dataclasses.dataclass
@@ -384,35 +315,34 @@ class _Exchanges:
             return tf.reshape(tf.bitcast(tf.reshape(e, [-1, per]) if per > 1 else e,
                                          tf.int64), [-1])
 
-        widths, pieces = [], []
-        for ids, rows, splits in items:
+        widths, records = [], []
+        for ids, rows, _ in items:
             record = [tf.reshape(to_elements(ids), [-1, per])]
             if rows is not None:
                 record.append(tf.reshape(rows, [-1, int(np.prod(rows.shape.as_list()[1:]))]))
             record = record[0] if len(record) == 1 else tf.concat(record, 1)
             widths.append(int(record.shape[1]))
-            pieces.append(tf.split(record, splits, num=n))
-        counts = tf.stack([splits for _, _, splits in items], axis=1)  # [n, items]
-        send = []
-        for d in range(n):
-            send.append(to_elements(tf.cast(counts[d], tf.int64)))
-            send.extend(tf.reshape(pieces[k][d], [-1]) for k in range(count))
-        sizes = count * per + tf.add_n([splits * w for (_, _, splits), w in zip(items, widths)])
-        got, got_sizes = self.run(tf.concat(send, 0), sizes, name)
-        chunks = tf.split(got, got_sizes, num=n)
-        records, came = [[] for _ in items], [[] for _ in items]
-        for s in range(n):
-            header = tf.cast(from_elements(chunks[s][:count * per]), tf.int32)
-            body = tf.split(chunks[s][count * per:], header * tf.constant(widths, tf.int32),
-                            num=count)
-            for k in range(count):
-                records[k].append(tf.reshape(body[k], [-1, widths[k]]))
-                came[k].append(header[k])
+            records.append(tf.reshape(record, [-1]))
+        width = tf.constant(widths, tf.int32)
+        splits = tf.stack([splits for _, _, splits in items])  # [items, n]
+        header = count * per
+        # Blocks item by item (the headers first: each worker's counts), then regrouped
+        # worker by worker: what the all-to-all sends.
+        headers = to_elements(tf.reshape(tf.cast(tf.transpose(splits), tf.int64), [-1]))
+        sizes = tf.concat([tf.fill([1, n], header), splits * width[:, None]], 0)
+        got, got_sizes = self.run(_regroup(tf.concat([headers] + records, 0), sizes),
+                                  tf.reduce_sum(sizes, 0), name)
+        # Each worker's chunk: its header, then its block of every item.
+        starts = tf.math.cumsum(got_sizes, exclusive=True)
+        at = tf.reshape(starts[:, None] + tf.range(header)[None, :], [-1])
+        came = tf.reshape(tf.cast(from_elements(tf.gather(got, at)), tf.int32), [n, count])
+        sizes = tf.concat([tf.fill([n, 1], header), came * width[None, :]], 1)
+        blocks = tf.split(_regroup(got, sizes), tf.reduce_sum(sizes, 0), num=count + 1)[1:]
         out = []
         for k, (_, rows, _) in enumerate(items):
-            record = tf.concat(records[k], 0)
+            record = tf.reshape(blocks[k], [-1, widths[k]])
             ids = from_elements(tf.reshape(record[:, :per], [-1]))
-            out.append((ids, None if rows is None else record[:, per:], tf.stack(came[k])))
+            out.append((ids, None if rows is None else record[:, per:], came[:, k]))
         return out
 
     def rows_back(self, items, name: str):
@@ -420,20 +350,14 @@ class _Exchanges:
         all-to-all. items: [(rows [m, width] in the order the ids came, how many came
         from each worker, how many this worker asked of each)]. Returns the rows of each
         item that came back, in the order this worker sent its ids."""
-        n = self.n
         widths = [int(rows.shape[1]) for rows, _, _ in items]
-        pieces = [tf.split(rows, came, num=n) for rows, came, _ in items]
-        send = [tf.reshape(pieces[k][d], [-1]) for d in range(n) for k in range(len(items))]
-        sizes = tf.add_n([came * w for (_, came, _), w in zip(items, widths)])
-        got, got_sizes = self.run(tf.concat(send, 0), sizes, name)
-        chunks = tf.split(got, got_sizes, num=n)
-        back = [[] for _ in items]
-        for s in range(n):
-            body = tf.split(chunks[s], tf.stack([asked[s] * w for (_, _, asked), w
-                                                 in zip(items, widths)]), num=len(items))
-            for k in range(len(items)):
-                back[k].append(tf.reshape(body[k], [-1, widths[k]]))
-        return [tf.concat(b, 0) for b in back]
+        width = tf.constant(widths, tf.int32)
+        sizes = tf.stack([came for _, came, _ in items]) * width[:, None]  # [items, n]
+        got, _ = self.run(_regroup(tf.concat([tf.reshape(r, [-1]) for r, _, _ in items], 0),
+                                   sizes), tf.reduce_sum(sizes, 0), name)
+        sizes = tf.stack([asked for _, _, asked in items], 1) * width[None, :]  # [n, items]
+        blocks = tf.split(_regroup(got, sizes), tf.reduce_sum(sizes, 0), num=len(items))
+        return [tf.reshape(b, [-1, w]) for b, w in zip(blocks, widths)]
 
     def rows_with_ids(self, ids: tf.Tensor, rows: tf.Tensor, splits: tf.Tensor, name: str):
         """Rows and their int64 ids to the workers `splits` says, in one all-to-all: the ids
@@ -463,6 +387,17 @@ class _Send:
     splits: tf.Tensor  # rows for each worker
     got_ids: Optional[tf.Tensor] = None
     got_rows: Optional[tf.Tensor] = None
+
+
+def _regroup(flat: tf.Tensor, sizes: tf.Tensor) -> tf.Tensor:
+    """`flat` holds blocks of `sizes` elements ([a, b], int32) in row-major order; returns
+    the same blocks in column-major order, with one gather (a constant number of ops, not
+    one a worker: each worker's part of every item, from every item's part per worker)."""
+    rows_first = tf.reshape(sizes, [-1])
+    columns = tf.reshape(tf.transpose(sizes), [-1])
+    at = tf.reshape(tf.math.cumsum(rows_first, exclusive=True), tf.shape(sizes))
+    moved = tf.reshape(tf.transpose(at), [-1]) - tf.math.cumsum(columns, exclusive=True)
+    return tf.gather(flat, tf.repeat(moved, columns) + tf.range(tf.reduce_sum(columns)))
 
 
 def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops):
