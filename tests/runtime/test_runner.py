@@ -237,3 +237,32 @@ def test_a_moving_average_of_a_sharded_variable_is_refused_with_the_fix():
                        match=r"'emb' is read by op .*ExponentialMovingAverage.* after the "
                              r"training step.*sparse_route=\{'emb': 'ps'\}"):
         tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded"))
+
+
+def test_a_graph_built_with_eager_execution_on_runs_like_a_session(tmp_path):
+    """TF2's default mode (eager execution on, the graph built under `as_default`) is what a
+    plain Session accepts: the runner reads, counts and saves without building ops
+    outside the job's graph (a process of its own: this suite turns eager off)."""
+    import subprocess
+    import sys
+    code = f"""
+import tensorflow as tf
+import tfpar
+from tests.support import models
+assert tf.executing_eagerly()
+graph, h = models.build(optimizer="adagrad", sparse=True)
+with tfpar.get_runner(graph, "localhost:1") as runner:
+    for step, (x, y, ids) in enumerate(models.batches(2, 8)):
+        runner.run(h["train_op"], feed_dict=models.feed(h, x, y, ids))
+    assert runner.communication()["steps"] == 2
+    assert runner.communication()["steps"] == 2
+    runner.ps_pushes()
+    runner.save({str(tmp_path / 'model')!r})
+print("trained eagerly-built graph")
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=240, cwd=env["PYTHONPATH"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trained eagerly-built graph" in proc.stdout

@@ -12,8 +12,10 @@ def to_meta_graph(graph_or_meta) -> "tf.compat.v1.MetaGraphDef":
         return graph_or_meta
     if isinstance(graph_or_meta, tf.Graph):
         # export_meta_graph warns about collections it cannot serialise; those hold Python
-        # objects tfpar never reads.
-        return tf.compat.v1.train.export_meta_graph(graph=graph_or_meta)
+        # objects tfpar never reads. Inside the graph: with eager execution on (TF2's
+        # default), it refuses to run outside one, where a plain Session would not.
+        with graph_or_meta.as_default():
+            return tf.compat.v1.train.export_meta_graph(graph=graph_or_meta)
     raise TfparError(f"expected a tf.Graph or a MetaGraphDef, got {type(graph_or_meta).__name__}")
 
 

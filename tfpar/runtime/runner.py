@@ -279,6 +279,8 @@ class Runner:
         self._writer: Optional[threading.Thread] = None  # a background save's write
         self._writer_error: Optional[BaseException] = None
         self._tile_reads: Optional[list] = None  # (built by `tiles`)
+        self._counter_reads: Optional[list] = None  # (built by `communication`)
+        self._push_reads: Optional[list] = None  # (built by `ps_pushes`)
         self._save_ops: Optional[checkpoint.SaveOps] = None  # (built by the first save)
         self._autosave = None  # (folder, every steps, every secs, keep, last step, last time)
         self._inputs = checkpoint.InputPositions(graph, worker_id, num_workers)
@@ -522,7 +524,11 @@ class Runner:
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
         names = list(PATHS) + ["steps"]
-        values = self._session.run([self._counters[k].read_value() for k in names])
+        if self._counter_reads is None:  # read ops built once, in the job's graph (not
+            # eagerly: TF2's default mode would run them outside it)
+            with self._graph.as_default(), tf.compat.v1.name_scope("tfpar/traffic_reads/"):
+                self._counter_reads = [self._counters[k].read_value() for k in names]
+        values = self._session.run(self._counter_reads)
         mine = dict(zip(names, (float(v) for v in values)))
         if not mean_over_workers:
             return mine
@@ -551,7 +557,10 @@ class Runner:
         if self._ps is None:
             return {}
         keys = sorted(self._ps.pushes)
-        values = self._session.run([self._ps.pushes[k].read_value() for k in keys])
+        if self._push_reads is None:  # as `communication`'s
+            with self._graph.as_default(), tf.compat.v1.name_scope("tfpar/push_reads/"):
+                self._push_reads = [self._ps.pushes[k].read_value() for k in keys]
+        values = self._session.run(self._push_reads)
         return {k: int(v) for k, v in zip(keys, values)}
 
     @property
