@@ -118,6 +118,23 @@ def test_reads_besides_row_lookups_are_recorded(use_resource):
     assert with_ema.variable("w").other_reads == ()  # dense: not recorded
 
 
+@pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
+def test_sparse_segment_sums_of_a_variable_are_row_lookups(use_resource):
+    """embedding_lookup_sparse without weights sums rows of the whole variable by segment
+    (SparseSegmentSum of its read, with a sparse gradient): a read of rows, as a gather
+    is."""
+    g = tf.Graph()
+    with g.as_default():
+        ids = tf1.sparse_placeholder(tf.int64, [4, 3], name="ids")
+        emb = tf1.get_variable("emb", [10, 2], use_resource=use_resource)
+        h = tf.nn.embedding_lookup_sparse(emb, ids, None, combiner="sum")
+        tf1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(h * h))
+    types = {op.type for op in g.get_operations()}
+    assert "SparseSegmentSum" in types
+    emb = analyse(g).variable("emb")
+    assert emb.kind == "sparse" and emb.other_reads == ()
+
+
 def test_meta_graph_input_gives_the_same_analysis():
     g = graph_with()
     assert analyse(tf1.train.export_meta_graph(graph=g)) == analyse(g)

@@ -19,6 +19,7 @@ from tests.support.reference import check, each_scenario
 from tests.jobs.test_faults import LIVENESS_TIMEOUT, listening, signal_job
 from tests.jobs.test_parameter_server import SCENARIOS_4, check_routes
 from tfpar.testing.emulate import EmulatedCluster
+from tfpar.plan import routing
 
 
 SCENARIOS = [s for s in SCENARIOS_4 if s["name"] in (
@@ -106,13 +107,17 @@ def test_the_lm_routes_by_what_it_measured_on_the_links(tmp_path, cluster, rate,
     choices = summary["routing"]["choices"]
     sparse = ("embedding", "softmax/weights", "softmax/bias")
     links = summary["routing"]["links"]
-    if route == "ps" and links["alltoall_latency_s"] < links["latency_s"]:
-        route = "sharded"  # the same bytes, three cheaper exchanges than the protocol's
+    if route == "ps":  # or the sharded rows: as many bytes less the hosts' shared rows,
+        # three all-to-alls against the protocol's exchanges (and the aggregation's)
+        fixed = routing.fixed_costs(routing.Links(**links), aggregation=True)
+        total = {r: sum(choices[n][f"{r}_s"] for n in sparse) + fixed[r]
+                 for r in ("ps", "sharded")}
+        route = min(total, key=total.get)
     assert {summary["routes"][n] for n in sparse} == {route}, (choices, links)
     for name in sparse:
         c = choices[name]
         assert c["ps_s"] < c["allgather_s"] < c["allreduce_s"], c  # ids: fewer rows on PS
-        assert c["sharded_s"] == pytest.approx(c["ps_s"]), c
+        assert c["ps_s"] <= c["sharded_s"] < c["allgather_s"], c
     bytes_ = summary["bytes_per_step"]
     assert (bytes_["ps_pull"] > 0) == (route == "ps"), bytes_
     assert (bytes_["allgather"] > 0) == (route == "allgather"), bytes_

@@ -32,6 +32,7 @@ from tests.support.launch import REPO, WORKERS, horovodrun
 STEPS, BATCH = 3, 4
 SCRIPTS = ("lm1b", "skip_thoughts", "nmt", "ptb", "wide_deep")
 MODES = {"HYBRID": {}, "PS": {"run_mode": "PS"}, "AR": {"run_mode": "AR"}}
+SHARDED = {"sparse_route": "sharded"}  # HYBRID, the sparse variables' rows over the workers
 EXPECTED_ERRORS = {}  # (script, mode) -> a phrase of the clear error tfpar gives
 WORKER = os.path.join(WORKERS, "field_script.py")
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
@@ -42,7 +43,8 @@ def _spec(out_dir, tf1, mode, scripts):
     path = os.path.join(str(out_dir), "spec.json")
     with open(path, "w") as f:
         json.dump({"tf1": tf1, "scenarios": [
-            {"name": s, "script": s, "config": MODES[mode], "steps": STEPS, "batch": BATCH}
+            {"name": s, "script": s, "config": {**MODES, "SHARDED": SHARDED}[mode],
+             "steps": STEPS, "batch": BATCH}
             for s in scripts]}, f)
     return path
 
@@ -142,6 +144,18 @@ CELLS = [(mode, tf1) for tf1 in (False, True) for mode in MODES
                          ids=[f"{m.lower()}_{'tf1' if t else 'tf2'}_n2" for m, t in CELLS])
 def test_field_scripts_equal_single_device(tmp_path, references, mode, tf1):
     check_cells(run_cells(tmp_path, 2, tf1, mode, references(tf1, 2)), mode)
+
+
+def test_field_scripts_with_sharded_rows_equal_single_device(tmp_path, references):
+    """Route "sharded" on the scripts whose sparse variables are read other than by a
+    plain gather: the canned wide & deep's linear model (TF1 variables: sparse segment
+    sums of the whole weights, embedding_lookup_sparse's fast path) and LM1B's sampled
+    softmax over a partitioned variable. (Every script, TF1 and TF2: TFPAR_LONG_TESTS.)"""
+    long = os.environ.get("TFPAR_LONG_TESTS")
+    for tf1 in ((True, False) if long else (True,)):
+        scripts = SCRIPTS if long else ("wide_deep", "lm1b")
+        check_cells(run_cells(tmp_path / str(tf1), 2, tf1, "SHARDED", references(tf1, 2),
+                              scripts), "SHARDED")
 
 
 def test_field_scripts_on_two_hosts_equal_single_device(tmp_path, references):

@@ -16,6 +16,11 @@ from typing import Iterable, List, Optional, Set, Tuple
 import tensorflow as tf
 
 GATHERS = ("ResourceGather", "GatherV2", "Gather")
+# Ops that read rows `indices` (input 1) of their data (input 0) and sum them by segment:
+# embedding_lookup_sparse's fast path (feature columns' linear_model with TF1 variables).
+SEGMENT_READS = ("SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+                 "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
+                 "SparseSegmentSqrtNWithNumSegments")
 # Uses of the variable that the training step does not run, or whose value a rewrite gives.
 IGNORED = ("VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitialized",
            "DisableCopyOnRead")
@@ -26,7 +31,8 @@ _SAVES = ("SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints")
 
 @dataclasses.dataclass
 class RowReads:
-    """lookups: gathers of rows (axis 0) in the training step; shapes: shape reads there
+    """lookups: reads of rows in the training step (gathers on axis 0, and sparse segment
+    reductions of a read, `SEGMENT_READS`); shapes: shape reads there
     (VariableShape of the handle, Shape of a read); others: (op, where) of every other
     read that needs the whole variable, where "in the training step" or "after the
     training step"."""
@@ -70,7 +76,8 @@ def row_reads(var_op: tf.Operation, updates: Set[tf.Operation],
                     continue
                 if x not in training:
                     _after_step(x, var_op, out)
-                elif x.type in GATHERS and x.inputs[0] is c.outputs[0] and _axis_zero(x):
+                elif x.type in GATHERS + SEGMENT_READS and x.inputs[0] is c.outputs[0] \
+                        and _axis_zero(x):
                     out.lookups.append(x)
                 elif x.type == "Shape":
                     out.shapes.append(x)

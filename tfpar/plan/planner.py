@@ -128,7 +128,8 @@ def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: M
     density = None
     if measured.links is not None and measured.steps:  # rows measured: density routing
         density = route_by_density(analysis, config, layout, dict(measured.alphas),
-                                   measured.links, measured.steps, dict(measured.sent_rows))
+                                   measured.links, measured.steps, dict(measured.sent_rows),
+                                   dict(measured.duplicates))
     sparse_routes = _sparse_routes(analysis, config, density, notes)
     sparse = [name for name, r in sparse_routes.items() if r == "ps"]
     if config.run_mode == "HYBRID" and not sparse:
@@ -152,18 +153,30 @@ def density_candidates(analysis: GraphAnalysis, config: Config) -> List[Variable
 
 def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
                      alphas: Dict[str, float], links: routing.Links, steps: int,
-                     sent: Optional[Dict[str, float]] = None) -> routing.Routing:
+                     sent: Optional[Dict[str, float]] = None,
+                     shared: Optional[Dict[str, float]] = None) -> routing.Routing:
     """Density routing's choice for the measured candidates (and the forced routes).
-    sent: {name: rows one worker's gradients carry per step} (None: no duplicate ids)."""
+    sent: {name: rows one worker's gradients carry per step} (None: no duplicate ids);
+    shared: {name: rows per step the workers of a host touch in common, summed over hosts}
+    (what local aggregation spares the servers' route; None: not measured)."""
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
+    # Local aggregation on the servers' route: on unless refused (its "auto" would turn
+    # it on where it pays, which the saving priced here decides the same way).
+    aggregating = (config.local_aggregation is not False and config.sync
+                   and len(layout.hosts) > 1 and max(h.slots for h in layout.hosts) > 1)
     candidates = []
     for name, alpha in sorted(alphas.items()):
         v = analysis.variable(name)
+        row_bytes = (v.nbytes or 0) // max(v.shape[0], 1)
+        saving = routing.aggregation_saving_s((shared or {}).get(name, 0.0), row_bytes,
+                                              len(layout.hosts), links) if aggregating else 0.0
         candidates.append(routing.Candidate(
-            name, v.shape[0], (v.nbytes or 0) // max(v.shape[0], 1), alpha, len(v.updates),
+            name, v.shape[0], row_bytes, alpha, len(v.updates),
             sent_rows=(sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
-            sharded_route=_sharded_problem(v, config, layout.num_workers) is None))
-    choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced))
+            sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
+            aggregation_s=saving))
+    choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced),
+                             aggregating)
     for name in forced:  # not measured: no density, no prediction shown
         choices[name] = routing.RouteChoice(forced[name], None,
                                             reason="set by tfpar.Config(sparse_route=...)")

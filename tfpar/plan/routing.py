@@ -73,8 +73,10 @@ class Links:
         return max(moved, c.rows * (c.row_bytes + 4) * c.gradients * self.dense_per_byte_s)
 
     def ps_s(self, c: "Candidate", n: int) -> float:
-        """Predicted seconds of the parameter servers' bytes of `c` per step."""
-        return ps_bytes(c, n) * self.per_byte_s
+        """Predicted seconds of the parameter servers' bytes of `c` per step, less what
+        local aggregation keeps off the host links (never below half the bytes' time)."""
+        moved = ps_bytes(c, n) * self.per_byte_s
+        return max(moved - c.aggregation_s, moved / 2)
 
     def allgather_s(self, c: "Candidate", n: int) -> float:
         """Predicted seconds of the allgather route of `c` per step."""
@@ -106,6 +108,10 @@ class Candidate:
     sent_rows: Optional[float] = None
     dense_route: bool = True
     sharded_route: bool = True
+    # What local aggregation spares it on the parameter servers' route: seconds per step
+    # its host-shared rows (the rows the workers of a host touch in common) would take on
+    # a host link (`aggregation_saving_s`; 0: no aggregation).
+    aggregation_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +190,8 @@ def sharded_bytes(c: Candidate, n: int) -> float:
 
 
 def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
-           forced: Optional[Dict[str, str]] = None) -> Dict[str, RouteChoice]:
+           forced: Optional[Dict[str, str]] = None,
+           aggregation: bool = False) -> Dict[str, RouteChoice]:
     """The routes of the candidates that minimise the predicted step time.
 
     A step pays each variable's time on its route (`Links.allreduce_s`, `ps_s`,
@@ -194,7 +201,8 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     gradients' fused allreduce). Every choice of which kinds to pay for is tried, each
     variable taking its fastest route among them; the cheapest step wins, fewer kinds on
     a tie, then the order of `SPARSE_ROUTES`. `forced` routes are kept (their kinds are
-    paid for).
+    paid for). aggregation: the hosts aggregate their pushes (the servers' route gains
+    each candidate's `aggregation_s` and pays one more exchange).
     """
     forced = forced or {}
     volume = {c.name: {"allreduce": allreduce_bytes(c, n), "ps": ps_bytes(c, n),
@@ -206,7 +214,7 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     allowed = {c.name: tuple(r for r in _ORDER if (r != "allreduce" or c.dense_route)
                              and (r != "sharded" or (c.sharded_route and c.rows >= n)))
                for c in candidates}
-    fixed = fixed_costs(links)
+    fixed = fixed_costs(links, aggregation)
     paid = set(forced.values())
     free = [c.name for c in candidates if c.name not in forced]
 
@@ -269,11 +277,25 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     return out
 
 
-def fixed_costs(links: Links) -> Dict[str, float]:
+def fixed_costs(links: Links, aggregation: bool = False) -> Dict[str, float]:
     """Seconds a kind of route adds to a step once any variable takes it (sequential
-    exchanges); the allreduce route joins the dense gradients' allreduce."""
-    return {"ps": PS_ROUND_TRIPS * links.latency_s, "allgather": links.latency_s,
-            "sharded": SHARDED_EXCHANGES * links.alltoall_s}
+    exchanges; local aggregation one more on the servers' route); the allreduce route
+    joins the dense gradients' allreduce."""
+    return {"ps": (PS_ROUND_TRIPS + aggregation) * links.latency_s,
+            "allgather": links.latency_s, "sharded": SHARDED_EXCHANGES * links.alltoall_s}
+
+
+def aggregation_saving_s(shared_rows: float, row_bytes: int, hosts: int,
+                         links: Links) -> float:
+    """Seconds per step local aggregation spares one host link for a variable whose hosts'
+    workers touch `shared_rows` rows in common per step (summed over hosts): each such row
+    crosses to the other hosts' servers ((H-1)/H of the parts) once instead of twice, one
+    host's share of them (1/H), on a link carrying B bytes one way in 2 B per_byte_s
+    (`decide_aggregation`)."""
+    if hosts < 2:
+        return 0.0
+    spared = shared_rows * (row_bytes + INDEX_BYTES) * (hosts - 1) / hosts / hosts
+    return 2.0 * spared * links.per_byte_s
 
 
 _ORDER = ("allreduce", "allgather", "ps", "sharded")  # ties go to the first

@@ -48,9 +48,14 @@ def measure(meta, analysis, config, layout) -> Measurements:
         return Measurements()
     rows_of = candidates if not aggregation else [
         v for v in analysis.trained if v.kind == "sparse"]
+    # The rows a host's workers share: for local aggregation "auto", and for density
+    # routing to price the servers' route with the aggregation it would get.
+    per_host = aggregation or (candidates and config.local_aggregation is not False
+                               and config.sync and len(layout.hosts) > 1
+                               and max(h.slots for h in layout.hosts) > 1)
     alphas, duplicates, sent = measure_rows(meta, rows_of, config.density_steps,
                                             config.search_feed,
-                                            layout.host_of_rank if aggregation else None)
+                                            layout.host_of_rank if per_host else None)
     return Measurements(links=measure_links(), steps=config.density_steps,
                         alphas={v.name: alphas[v.name] for v in candidates}, sent_rows=sent,
                         duplicates=duplicates)

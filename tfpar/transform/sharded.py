@@ -7,7 +7,8 @@ For every variable with route "sharded" (and its optimizer slots, split alike), 
   its own (initial value: worker 0's whole initial value, sliced), in collection `TILES`,
   so checkpoints, fetches and restores see the whole variable as they see a tiled one
   (`tiled.whole`, `tiled.tile_of`); the whole variable is never made;
-- lookups (gathers of the variables' rows) de-duplicate their ids and send each to the
+- lookups (gathers of the variables' rows, and sparse segment sums of them:
+  embedding_lookup_sparse) de-duplicate their ids and send each to the
   worker that owns its row, which gathers the rows asked of it and sends them back:
   every lookup of the step in one all-to-all of ids and one of rows (when their ids do
   not depend on each other's rows), and the rows are expanded back to the ids;
@@ -35,7 +36,7 @@ import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError
 from tfpar.graph.naming import safe_name
-from tfpar.graph.row_reads import row_reads, training_ops
+from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery
 from tfpar.transform.tiled import new_tile
@@ -464,12 +465,32 @@ def _expand(group: List[_Lookup], back: tf.Tensor, widths, where, order):
     every = tf.gather(mine, where)
     pieces = [every] if len(group) == 1 else tf.split(every, widths, axis=1)
     for lk, piece in zip(group, pieces):
+        if lk.gather.type in SEGMENT_READS:
+            surgery.replace_uses(lk.gather.outputs[0], _segment_reduction(lk, piece))
+            continue
         row_shape = lk.gather.outputs[0].shape[ids.shape.rank:]
         out = tf.reshape(piece, tf.concat([tf.shape(ids), row_shape.as_list()], 0)
                          if row_shape.is_fully_defined() and row_shape.rank
                          else tf.shape(ids))
         out.set_shape(lk.gather.outputs[0].shape)
         surgery.replace_uses(lk.gather.outputs[0], out)
+
+
+def _segment_reduction(lk: "_Lookup", rows: tf.Tensor) -> tf.Tensor:
+    """The lookup's sparse segment reduction over the rows of its ids that came back (in
+    the ids' order: the same sums in the same order as over the whole variable)."""
+    op = lk.gather
+    ids = op.inputs[1]
+    kwargs = {"data": tf.reshape(rows, [-1] + list(lk.owner.v.shape[1:])),
+              "indices": tf.range(tf.size(ids, out_type=ids.dtype), dtype=ids.dtype),
+              "segment_ids": op.inputs[2]}
+    if op.type.endswith("WithNumSegments"):
+        kwargs["num_segments"] = op.inputs[3]
+    if "sparse_gradient" in op.node_def.attr:
+        kwargs["sparse_gradient"] = op.get_attr("sparse_gradient")
+    out = getattr(tf.raw_ops, op.type)(**kwargs)
+    out.set_shape(op.outputs[0].shape)
+    return out
 
 
 def _depends_on(tensors, ops) -> bool:
