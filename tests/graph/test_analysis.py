@@ -9,7 +9,7 @@ tf1 = tf.compat.v1
 
 
 def graph_with(optimizer=lambda: tf1.train.AdamOptimizer(0.1), use_resource=True,
-               partitioner=None, clip=False, two_optimizers=False, ema=False):
+               partitioner=None, clip=False, two_optimizers=False, ema=False, total=False):
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [4, 3], name="x")
@@ -36,6 +36,10 @@ def graph_with(optimizer=lambda: tf1.train.AdamOptimizer(0.1), use_resource=True
             if ema:
                 with tf.control_dependencies([train]):
                     tf1.train.ExponentialMovingAverage(0.9).apply([emb])
+            if total:  # a whole read of emb after the step, into another variable
+                with tf.control_dependencies([train]):
+                    tf1.get_variable("total", [], use_resource=use_resource,
+                                     trainable=False).assign(tf.reduce_sum(emb))
     return g
 
 
@@ -107,15 +111,20 @@ def test_two_optimizers():
 
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
 def test_reads_besides_row_lookups_are_recorded(use_resource):
-    """Route "sharded" can split a variable read by row lookups only: a moving average of
-    it (a read after the step that writes another variable) is recorded; the lookups, the
-    initialiser and a Saver are not."""
+    """Route "sharded" can split a variable read by row lookups and moving averages (row
+    by row) only: a moving average's shadow is recorded as one, a whole read after the
+    step (a sum written into another variable) as another read; the lookups, the
+    initialisers (the shadow's from the variable's value) and a Saver are neither."""
     plain = analyse(graph_with(use_resource=use_resource))
-    assert plain.variable("emb").other_reads == ()
+    assert plain.variable("emb").other_reads == () and plain.variable("emb").averages == ()
     with_ema = analyse(graph_with(use_resource=use_resource, ema=True))
-    reads = with_ema.variable("emb").other_reads
-    assert reads and all("ExponentialMovingAverage" in r for r in reads), reads
-    assert with_ema.variable("w").other_reads == ()  # dense: not recorded
+    assert with_ema.variable("emb").other_reads == ()
+    assert with_ema.variable("emb").averages == ("emb/ExponentialMovingAverage",)
+    assert with_ema.variable("w").averages == ()  # dense: not recorded
+    summed = analyse(graph_with(use_resource=use_resource, ema=True, total=True))
+    assert summed.variable("emb").averages == ("emb/ExponentialMovingAverage",)
+    reads = summed.variable("emb").other_reads
+    assert len(reads) == 1 and reads[0].startswith("Assign"), reads
 
 
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])

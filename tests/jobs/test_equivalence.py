@@ -85,12 +85,18 @@ SHARDED_2 = [
     # The user's partitioned embedding (each piece sharded) and one read by two lookups.
     sharded("adam_partitioned_and_shared", {"optimizer": "adam", "emb_partitions": 2,
                                             "shared_embedding": True}, vocab=models.PS_VOCAB),
+    # An ExponentialMovingAverage of every variable after the step: the embedding's shadow
+    # sharded alike, updated from each worker's own rows.
+    sharded("adagrad_ema", {"optimizer": "adagrad", "ema": True}),
 ]
 SHARDED_3 = [
     sharded("adagrad", {"optimizer": "adagrad"}),
     sharded("ftrl", {"optimizer": "ftrl"}),
     sharded("momentum_ref_variables", {"optimizer": "momentum", "use_resource": False}),
     sharded("adagrad_clip", {"optimizer": "adagrad", "clip": 0.05}),
+    # (Resource variables: with TF1 variables under TF2 control flow, a shadow's
+    # initialized_value reads its variable in a race that a plain Session loses too.)
+    sharded("momentum_ema", {"optimizer": "momentum", "ema": True}),
 ]
 SCENARIOS_3 = [
     sc("sgd_average", {"optimizer": "sgd"}),

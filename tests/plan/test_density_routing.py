@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+import tensorflow as tf
 
 from tests.support import models
 from tests.support.launch import REPO, horovodrun, job_results
@@ -22,6 +23,7 @@ from tfpar.plan import routing
 from tfpar.errors import TfparError
 from tfpar.plan.layout import parse_resources
 
+tf1 = tf.compat.v1
 STEPS, BATCH = 4, 8
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
 LINKS = routing.Links(latency_s=1e-3, per_byte_s=1e-8)  # 100 MB/s, 1 ms per exchange
@@ -194,9 +196,9 @@ def _plan(config, **model):
 
 
 def test_density_routing_shards_only_what_the_sharded_route_can_take():
-    """The measured density with a cheap all-to-all shards the embedding, unless a moving
-    average reads it whole (the rewrite would refuse it) or a time-based checkpoint would
-    need it: then the servers, which move the same bytes."""
+    """The measured density with a cheap all-to-all shards the embedding (a moving average
+    of it too), unless a read of it whole (the rewrite would refuse it) or a time-based
+    checkpoint would need it whole: then the servers, which move the same bytes."""
     from tfpar.plan.planner import make_plan
     from tfpar.plan.measurements import Measurements
     # Slow links for a small table: bytes decide against the dense allreduce.
@@ -204,8 +206,12 @@ def test_density_routing_shards_only_what_the_sharded_route_can_take():
     # 4 of its 20 rows per step, 16 ids with duplicates (what an allgather would send).
     measured = Measurements(links=cheap, steps=1, alphas={"emb": 0.2}, sent_rows={"emb": 16})
 
-    def route(config, **model):
-        graph, _ = models.build(optimizer="adagrad", sparse=True, **model)
+    def route(config, whole_read=False, **model):
+        graph, h = models.build(optimizer="adagrad", sparse=True, **model)
+        if whole_read:  # its sum written into another variable after the step
+            with graph.as_default(), tf.control_dependencies([h["train_op"]]):
+                emb = next(v for v in tf1.global_variables() if v.op.name == "emb")
+                tf1.get_variable("total", [], trainable=False).assign(tf.reduce_sum(emb))
         plan = make_plan(tfpar.analyse(graph), config, parse_resources("localhost:2"),
                          measured)
         return plan.variable("emb").route, plan
@@ -214,7 +220,10 @@ def test_density_routing_shards_only_what_the_sharded_route_can_take():
     assert r == "sharded" and plan.num_ps == 0
     assert plan.variable("emb").tiling is not None
     assert any("emb: alpha 0.200 -> sharded" in n for n in plan.notes)
-    assert route(tfpar.Config(sparse_route="auto"), ema=True)[0] == "ps"
+    r, plan = route(tfpar.Config(sparse_route="auto"), ema=True)
+    shadow = plan.variable("emb/ExponentialMovingAverage")
+    assert r == "sharded" and (shadow.route, shadow.slot_of) == ("sharded", "emb")
+    assert route(tfpar.Config(sparse_route="auto"), whole_read=True)[0] == "ps"
     assert route(tfpar.Config(sparse_route="auto", checkpoint_dir="/tmp/x",
                               checkpoint_every_secs=60))[0] == "ps"
 

@@ -222,19 +222,46 @@ def test_bad_checkpoint_configs_are_clear_errors(kwargs, message):
         tfpar.Config(**kwargs)
 
 
-def test_a_moving_average_of_a_sharded_variable_is_refused_with_the_fix():
-    """Route "sharded" supports lookups of a variable's rows only: an
-    ExponentialMovingAverage of it (which reads it whole after the step) is refused before
-    anything runs, naming the variable and the dict form that routes it to the servers; a
+def test_a_moving_average_of_a_sharded_variable_is_split_with_it():
+    """An ExponentialMovingAverage of a sharded variable is row by row: its shadow is
+    sharded alike and updated from the worker's own rows, equal to a plain session's (one
+    worker: the rows all its own; several workers: tests/jobs/test_equivalence.py); a
     Saver of the graph is not a read that matters (the runner saves the variable)."""
-    graph, h = models.build(optimizer="adagrad", sparse=True)
+    graph, h = models.build(optimizer="adagrad", sparse=True, ema=True, init_seed=5)
     with graph.as_default():
         tf1.train.Saver()
+        shadow = next(v for v in tf1.global_variables()
+                      if v.op.name == "emb/ExponentialMovingAverage")
+        init = tf1.global_variables_initializer()
+    batches = models.batches(3, 8)
+    with tf1.Session(graph=graph) as session:
+        session.run(init)
+        for x, y, ids in batches:
+            session.run(h["train_op"], feed_dict=models.feed(h, x, y, ids))
+        want = session.run(shadow)
+    graph, h = models.build(optimizer="adagrad", sparse=True, ema=True, init_seed=5)
     with tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded")) as runner:
-        assert runner.plan.variable("emb").route == "sharded"
-    graph, h = models.build(optimizer="adagrad", sparse=True, ema=True)
+        assert runner.plan.variable("emb/ExponentialMovingAverage").route == "sharded"
+        assert runner.plan.variable("emb/ExponentialMovingAverage").slot_of == "emb"
+        for x, y, ids in batches:
+            runner.run(h["train_op"], feed_dict=models.feed(h, x, y, ids))
+        got = runner.run("emb/ExponentialMovingAverage:0")
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_whole_read_of_a_sharded_variable_is_refused_with_the_fix():
+    """Route "sharded" supports lookups of a variable's rows and its moving averages: a
+    read of it whole after the step (a sum written into another variable) is refused
+    before anything runs, naming the variable and the dict form that routes it to the
+    servers."""
+    graph, h = models.build(optimizer="adagrad", sparse=True)
+    with graph.as_default():
+        emb = next(v for v in tf1.global_variables() if v.op.name == "emb")
+        with tf.control_dependencies([h["train_op"]]):
+            total = tf1.get_variable("total", [], trainable=False)
+            total.assign(tf.reduce_sum(emb), name="total_of_emb")
     with pytest.raises(tfpar.NotYetSupportedError,
-                       match=r"'emb' is read by op .*ExponentialMovingAverage.* after the "
+                       match=r"'emb' is read by op .*total_of_emb.* after the "
                              r"training step.*sparse_route=\{'emb': 'ps'\}"):
         tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded"))
 

@@ -314,8 +314,8 @@ class _Analyser:
                 dtype=dtype.name, nbytes=nbytes, resource=op.type == "VarHandleOp",
                 trainable=trainable, role=role, updates=updates,
                 slot_of=slot_owner.get(name), partition=part,
-                other_reads=self._other_reads(op, updates, step_ops)
-                if any(u.gradient.kind == "sparse" for u in updates) else ()))
+                **(self._reads(op, updates, step_ops)
+                   if any(u.gradient.kind == "sparse" for u in updates) else {})))
         if not any(v.role == "trained" for v in result) and not blockers:
             raise TfparError(
                 "the graph has no optimizer update ops (no variable is written from a gradient): "
@@ -328,12 +328,15 @@ class _Analyser:
                              tuple(blockers), training_batch_norms(self.graph),
                              unsynced_batch_norms(self.graph))
 
-    def _other_reads(self, var_op, updates, step_ops) -> Tuple[str, ...]:
+    def _reads(self, var_op, updates, step_ops) -> dict:
+        """A sparse variable's `other_reads` and `averages` (`row_reads`)."""
         ops = {o for u in updates for o in (
             [op for op in self.ops if op.name.startswith(u.scope)] if u.scope else
             [self.graph.get_operation_by_name(n) for n in u.ops])}
         reads = row_reads.row_reads(var_op, ops, step_ops)
-        return tuple(dict.fromkeys(op.name for op, _ in reads.others))
+        return {"other_reads": tuple(dict.fromkeys(op.name for op, _ in reads.others)),
+                "averages": tuple(dict.fromkeys(shadow.name for _, shadow, _ in
+                                                reads.averages))}
 
     def _horovod_ops(self) -> List[Blocker]:
         """Horovod's own collectives in the user's graph (a Horovod script's

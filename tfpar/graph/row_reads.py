@@ -6,6 +6,9 @@ read in the step, or a read after the step that writes another variable with it:
 `ExponentialMovingAverage`) needs the whole variable. Both the planner (whether density
 routing may choose "sharded", through `VariableInfo.other_reads`) and the sharded rewrite
 (which replaces the lookups and refuses the rest) sort the reads here, so they agree.
+A moving average of the variable (`ExponentialMovingAverage.apply`: after the step, the
+shadow less `(shadow - variable) * (1 - decay)`) is row by row, so a shadow split alike
+updates its rows from the worker's own: such reads are `averages`, not `others`.
 It never edits the graph.
 """
 from __future__ import annotations
@@ -27,6 +30,10 @@ IGNORED = ("VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitialized",
 _ASSIGNS = ("Assign", "AssignSub", "AssignAdd", "AssignVariableOp", "AssignSubVariableOp",
             "AssignAddVariableOp")
 _SAVES = ("SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints")
+_VARIABLES = ("VarHandleOp", "VariableV2")
+# Row-wise arithmetic a moving average's update may do (with scalars).
+_ELEMENTWISE = ("Sub", "Mul", "Add", "AddV2", "Neg", "Identity", "Cast", "ReadVariableOp",
+                "RealDiv")
 
 
 @dataclasses.dataclass
@@ -35,11 +42,14 @@ class RowReads:
     reductions of a read, `SEGMENT_READS`); shapes: shape reads there
     (VariableShape of the handle, Shape of a read); others: (op, where) of every other
     read that needs the whole variable, where "in the training step" or "after the
-    training step"."""
+    training step"; averages: the moving averages of it, each (the op that writes the
+    shadow, the shadow variable op, the ops from the reads to that write)."""
 
     lookups: List[tf.Operation]
     shapes: List[tf.Operation]
     others: List[Tuple[tf.Operation, str]]
+    averages: List[Tuple[tf.Operation, tf.Operation, List[tf.Operation]]] = \
+        dataclasses.field(default_factory=list)
 
 
 def training_ops(roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
@@ -75,7 +85,7 @@ def row_reads(var_op: tf.Operation, updates: Set[tf.Operation],
                 if x in updates:
                     continue
                 if x not in training:
-                    _after_step(x, var_op, out)
+                    _after_step(x, var_op, out, c)
                 elif x.type in GATHERS + SEGMENT_READS and x.inputs[0] is c.outputs[0] \
                         and _axis_zero(x):
                     out.lookups.append(x)
@@ -88,10 +98,67 @@ def row_reads(var_op: tf.Operation, updates: Set[tf.Operation],
     return out
 
 
-def _after_step(op: tf.Operation, var_op: tf.Operation, out: RowReads) -> None:
+def _after_step(op: tf.Operation, var_op: tf.Operation, out: RowReads,
+                read: Optional[tf.Operation] = None) -> None:
+    """`op` reads the variable (or `read`'s output, the variable's read) after the step."""
     writer = _writes_another(op, var_op)
-    if writer is not None:
+    if writer is None or writer.name == writer.inputs[0].op.name + "/Assign":
+        return  # none, or another variable's initialiser (a shadow's: initialized_value)
+    average = _moving_average(op, writer, var_op, read)
+    if average is None:
         out.others.append((writer, "after the training step"))
+    elif all(w is not writer for w, _, _ in out.averages):
+        out.averages.append((writer, writer.inputs[0].op, average))
+
+
+def _moving_average(start: tf.Operation, writer: tf.Operation, var_op: tf.Operation,
+                    read: Optional[tf.Operation]) -> Optional[List[tf.Operation]]:
+    """The ops from `start` (which reads `var_op`, or `read`'s output) and from the
+    shadow's reads to `writer` when `writer` subtracts from a variable shaped as `var_op`
+    a row-wise function of the two and of scalars (a moving average's update); None
+    otherwise."""
+    shadow = writer.inputs[0].op
+    if writer.type not in ("AssignSub", "AssignSubVariableOp") or shadow.type not in _VARIABLES \
+            or shadow.get_attr("shape") != var_op.get_attr("shape"):
+        return None
+    up = _ancestors(writer)
+    ops = [x for x in up if x is start or _reaches(x, start, shadow, up)]
+    if start not in ops:
+        return None
+    for x in ops:
+        if x.type not in _ELEMENTWISE:
+            return None
+        for t in x.inputs:
+            if t.op not in ops and t.op not in (var_op, shadow, read) and \
+                    t.shape.num_elements() != 1:
+                return None  # a tensor other than the two and scalars
+    return sorted(ops, key=lambda o: o.name) + [writer]
+
+
+def _ancestors(op: tf.Operation) -> Set[tf.Operation]:
+    """The ops `op` reads from (its data inputs, transitively), variables excluded."""
+    seen, stack = set(), [t.op for t in op.inputs]
+    while stack:
+        x = stack.pop()
+        if x in seen or x.type in _VARIABLES or len(seen) > 200:
+            continue
+        seen.add(x)
+        stack.extend(t.op for t in x.inputs)
+    return seen
+
+
+def _reaches(op: tf.Operation, start: tf.Operation, shadow: tf.Operation, up) -> bool:
+    """Whether `op` computes from `start` or reads `shadow`, within `up`."""
+    seen, stack = set(), [op]
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x is start or any(t.op is shadow for t in x.inputs):
+            return True
+        stack.extend(t.op for t in x.inputs if t.op in up)
+    return False
 
 
 def _writes_another(op: tf.Operation, var_op: tf.Operation) -> Optional[tf.Operation]:

@@ -64,10 +64,13 @@ class VariableInfo:
     updates: Tuple[Update, ...] = ()
     slot_of: Optional[str] = None
     partition: Optional[PartitionInfo] = None
-    # Reads of a sparse trained variable other than row lookups and shape reads (op names): a
-    # whole read in the step, or an ExponentialMovingAverage of it after the step. Route
-    # "sharded" needs none (`tfpar.graph.row_reads`).
+    # Reads of a sparse trained variable other than row lookups, shape reads and moving
+    # averages (op names): a whole read in the step, or another write after the step made
+    # from it. Route "sharded" needs none (`tfpar.graph.row_reads`).
     other_reads: Tuple[str, ...] = ()
+    # The variables that hold a moving average of a sparse trained variable (shadows an
+    # ExponentialMovingAverage updates from it after the step, row by row).
+    averages: Tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:

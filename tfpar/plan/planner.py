@@ -43,10 +43,16 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     blockers: List[Blocker] = list(analysis.blockers)
     parts = _parts(analysis, config, measured.partitions, on_ps, len(layout.hosts), notes)
     variables = []
+    # Moving averages of sharded variables are split alike (their updates are row-wise).
+    shadows = {s: v.name for v in analysis.trained for s in v.averages
+               if sparse_routes.get(v.name) == "sharded"}
     for v in analysis.variables:
         try:
             if v.name in on_ps:
                 variables.append(_ps_plan(v, config, n, parts[v.name]))
+            elif v.name in shadows:
+                variables.append(VariablePlan(route="sharded", tiling=rows_over(n),
+                                              slot_of=shadows[v.name], **_common(v)))
             elif v.role == "slot" and sparse_routes.get(v.slot_of) == "sharded":
                 owner = analysis.variable(v.slot_of)
                 if v.shape[:1] != owner.shape[:1]:

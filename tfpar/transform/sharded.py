@@ -39,7 +39,7 @@ from tfpar.graph.naming import safe_name
 from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery
-from tfpar.transform.tiled import new_tile
+from tfpar.transform.tiled import TILES, initial_value, new_tile
 
 
 
@@ -66,6 +66,8 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
         variables = [_Sharded(graph, plan, v, by_name, rank, exchanges) for v in sharded]
         made.update((s.v.name, s.part) for s in variables)
         lookups = [lk for s in variables for lk in s.find_lookups()]
+        for s in variables:
+            s.copy_averages(made)
         # Lookups of variables split alike with one ids tensor (a sampled softmax's weights
         # and biases) share their exchanges: one all-to-all of the ids, one of their rows.
         groups: Dict[tuple, List[_Lookup]] = {}
@@ -129,10 +131,50 @@ class _Sharded:
         reads = row_reads(self.var_op, skip, _training_ops(self.g, self.by_name))
         if reads.others:
             self._refuse(*reads.others[0])
+        self.averages = reads.averages
         for op in reads.shapes:
             surgery.replace_uses(op.outputs[0], tf.constant(list(self.v.shape),
                                                             dtype=op.get_attr("out_type")))
         return [_Lookup(self, op) for op in reads.lookups]
+
+    def copy_averages(self, made) -> None:
+        """Each moving average of the variable (`row_reads`), done on this worker's rows:
+        its shadow split alike (as the plan says), updated by a copy of the user's ops
+        from the worker's own rows, after the worker's update as before."""
+        for writer, shadow, ops in self.averages:
+            plan = self.by_name.get(shadow.name)
+            if plan is None or plan.route != "sharded" or plan.slot_of != self.v.name:
+                self._refuse(writer, "after the training step")
+            name = f"{self.scope}/average_{safe_name(shadow.name)}"
+            part = self._shadow_rows(shadow, name)
+            made[shadow.name] = part
+            mapping = {self.var_op.outputs[0]: surgery.variable_input(self.part),
+                       shadow.outputs[0]: surgery.variable_input(part)}
+            for op in ops:  # a reference variable's `read`, shared with the step
+                for t in op.inputs:
+                    if t.op not in ops and t.op.type == "Identity" and \
+                            t.op.inputs[0].op is self.var_op:
+                        mapping[t] = self.part.value()
+            copies = surgery.clone_ops(ops, mapping, f"{name}/", lambda op, ins: op.device)
+            for old, new in zip(writer.outputs, copies[writer].outputs):
+                surgery.replace_uses(old, new)
+            copied = set(copies.values())
+            for op in self.g.get_operations():
+                if op not in copied:
+                    surgery.replace_control_inputs(op, [writer], copies[writer])
+
+    def _shadow_rows(self, shadow: tf.Operation, name: str) -> tf.Variable:
+        """This worker's rows of a moving average's shadow: initialised from the
+        variable's rows where the shadow's initial value is the variable's
+        (`initialized_value`), else from its own (worker 0's, sliced)."""
+        if not _depends_on([initial_value(shadow)], [self.var_op]):
+            return new_tile(self.g, shadow, self.v.tiling, tuple(self.v.shape), self.rank, name)
+        with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
+            # The rows' initial value itself (initialised in the same run: the same
+            # broadcast value).
+            return tf.compat.v1.Variable(self.part.initial_value, name=name,
+                                         trainable=False, collections=[TILES],
+                                         use_resource=self.resource)
 
     def _refuse(self, op, where="in the training step"):
         raise NotYetSupportedError(
@@ -316,34 +358,35 @@ class _Exchanges:
             return tf.reshape(tf.bitcast(tf.reshape(e, [-1, per]) if per > 1 else e,
                                          tf.int64), [-1])
 
-        widths, records = [], []
-        for ids, rows, _ in items:
+        widths, pieces = [], []
+        for ids, rows, splits in items:
             record = [tf.reshape(to_elements(ids), [-1, per])]
             if rows is not None:
                 record.append(tf.reshape(rows, [-1, int(np.prod(rows.shape.as_list()[1:]))]))
             record = record[0] if len(record) == 1 else tf.concat(record, 1)
             widths.append(int(record.shape[1]))
-            records.append(tf.reshape(record, [-1]))
-        width = tf.constant(widths, tf.int32)
-        splits = tf.stack([splits for _, _, splits in items])  # [items, n]
-        header = count * per
-        # Blocks item by item (the headers first: each worker's counts), then regrouped
-        # worker by worker: what the all-to-all sends.
-        headers = to_elements(tf.reshape(tf.cast(tf.transpose(splits), tf.int64), [-1]))
-        sizes = tf.concat([tf.fill([1, n], header), splits * width[:, None]], 0)
-        got, got_sizes = self.run(_regroup(tf.concat([headers] + records, 0), sizes),
-                                  tf.reduce_sum(sizes, 0), name)
-        # Each worker's chunk: its header, then its block of every item.
-        starts = tf.math.cumsum(got_sizes, exclusive=True)
-        at = tf.reshape(starts[:, None] + tf.range(header)[None, :], [-1])
-        came = tf.reshape(tf.cast(from_elements(tf.gather(got, at)), tf.int32), [n, count])
-        sizes = tf.concat([tf.fill([n, 1], header), came * width[None, :]], 1)
-        blocks = tf.split(_regroup(got, sizes), tf.reduce_sum(sizes, 0), num=count + 1)[1:]
+            pieces.append(tf.split(record, splits, num=n))
+        counts = tf.stack([splits for _, _, splits in items], axis=1)  # [n, items]
+        send = []
+        for d in range(n):
+            send.append(to_elements(tf.cast(counts[d], tf.int64)))
+            send.extend(tf.reshape(pieces[k][d], [-1]) for k in range(count))
+        sizes = count * per + tf.add_n([splits * w for (_, _, splits), w in zip(items, widths)])
+        got, got_sizes = self.run(tf.concat(send, 0), sizes, name)
+        chunks = tf.split(got, got_sizes, num=n)
+        records, came = [[] for _ in items], [[] for _ in items]
+        for s in range(n):
+            header = tf.cast(from_elements(chunks[s][:count * per]), tf.int32)
+            body = tf.split(chunks[s][count * per:], header * tf.constant(widths, tf.int32),
+                            num=count)
+            for k in range(count):
+                records[k].append(tf.reshape(body[k], [-1, widths[k]]))
+                came[k].append(header[k])
         out = []
         for k, (_, rows, _) in enumerate(items):
-            record = tf.reshape(blocks[k], [-1, widths[k]])
+            record = tf.concat(records[k], 0)
             ids = from_elements(tf.reshape(record[:, :per], [-1]))
-            out.append((ids, None if rows is None else record[:, per:], came[:, k]))
+            out.append((ids, None if rows is None else record[:, per:], tf.stack(came[k])))
         return out
 
     def rows_back(self, items, name: str):
@@ -351,14 +394,20 @@ class _Exchanges:
         all-to-all. items: [(rows [m, width] in the order the ids came, how many came
         from each worker, how many this worker asked of each)]. Returns the rows of each
         item that came back, in the order this worker sent its ids."""
+        n = self.n
         widths = [int(rows.shape[1]) for rows, _, _ in items]
-        width = tf.constant(widths, tf.int32)
-        sizes = tf.stack([came for _, came, _ in items]) * width[:, None]  # [items, n]
-        got, _ = self.run(_regroup(tf.concat([tf.reshape(r, [-1]) for r, _, _ in items], 0),
-                                   sizes), tf.reduce_sum(sizes, 0), name)
-        sizes = tf.stack([asked for _, _, asked in items], 1) * width[None, :]  # [n, items]
-        blocks = tf.split(_regroup(got, sizes), tf.reduce_sum(sizes, 0), num=len(items))
-        return [tf.reshape(b, [-1, w]) for b, w in zip(blocks, widths)]
+        pieces = [tf.split(rows, came, num=n) for rows, came, _ in items]
+        send = [tf.reshape(pieces[k][d], [-1]) for d in range(n) for k in range(len(items))]
+        sizes = tf.add_n([came * w for (_, came, _), w in zip(items, widths)])
+        got, got_sizes = self.run(tf.concat(send, 0), sizes, name)
+        chunks = tf.split(got, got_sizes, num=n)
+        back = [[] for _ in items]
+        for s in range(n):
+            body = tf.split(chunks[s], tf.stack([asked[s] * w for (_, _, asked), w
+                                                 in zip(items, widths)]), num=len(items))
+            for k in range(len(items)):
+                back[k].append(tf.reshape(body[k], [-1, widths[k]]))
+        return [tf.concat(b, 0) for b in back]
 
     def rows_with_ids(self, ids: tf.Tensor, rows: tf.Tensor, splits: tf.Tensor, name: str):
         """Rows and their int64 ids to the workers `splits` says, in one all-to-all: the ids
@@ -388,17 +437,6 @@ class _Send:
     splits: tf.Tensor  # rows for each worker
     got_ids: Optional[tf.Tensor] = None
     got_rows: Optional[tf.Tensor] = None
-
-
-def _regroup(flat: tf.Tensor, sizes: tf.Tensor) -> tf.Tensor:
-    """`flat` holds blocks of `sizes` elements ([a, b], int32) in row-major order; returns
-    the same blocks in column-major order, with one gather (a constant number of ops, not
-    one a worker: each worker's part of every item, from every item's part per worker)."""
-    rows_first = tf.reshape(sizes, [-1])
-    columns = tf.reshape(tf.transpose(sizes), [-1])
-    at = tf.reshape(tf.math.cumsum(rows_first, exclusive=True), tf.shape(sizes))
-    moved = tf.reshape(tf.transpose(at), [-1]) - tf.math.cumsum(columns, exclusive=True)
-    return tf.gather(flat, tf.repeat(moved, columns) + tf.range(tf.reduce_sum(columns)))
 
 
 def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops):

@@ -73,7 +73,7 @@ def _reads(var_op: tf.Operation) -> List[tf.Tensor]:
     return out
 
 
-def _initial_value(var_op: tf.Operation) -> tf.Tensor:
+def initial_value(var_op: tf.Operation) -> tf.Tensor:
     for c in var_op.outputs[0].consumers():
         if c.type in ("Assign", "AssignVariableOp") and c.name == var_op.name + "/Assign":
             return c.inputs[1]
@@ -86,7 +86,7 @@ def new_tile(graph, var_op, tiling, shape, rank, name):
     import horovod.tensorflow as hvd
     box = tiling.tile_ranges(shape, rank)
     with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
-        whole = hvd.broadcast(collectives.never_folded(_initial_value(var_op)), 0,
+        whole = hvd.broadcast(collectives.never_folded(initial_value(var_op)), 0,
                               name=f"{name}/initial")
         value = whole[tuple(slice(lo, hi) for lo, hi in box)]
         return tf.compat.v1.Variable(value, name=name, trainable=False, collections=[TILES],
