@@ -351,8 +351,8 @@ def merged(rows, args):
                                        order[r["system"]]))
 
 
-def table(rows, rate):
-    head = ("| N | vocab | system | step (ms) | words/s | wire MB/step/worker | model MB | "
+def table(rows, rate, unit="words"):
+    head = (f"| N | vocab | system | step (ms) | {unit}/s | wire MB/step/worker | model MB | "
             "floor MB | wire / floor | step vs HYBRID |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -436,14 +436,15 @@ def write(rows, args, argv=None, stamp=None):
             "(tfpar.testing.emulate), 2 workers each, links shaped with tc tbf; all processes share "
             f"the machine's CPU cores. {args.batch} {unit} per worker per step; median of "
             f"{args.repeats} interleaved run(s). Wire bytes: the hosts' link counters between "
-            "the warm-up step and the last step, divided by steps and workers. Model: the "
-            "system's own bytes by Parallax's Table 3 on this topology; floor: HYBRID's with "
-            "duplicate ids removed.\n"]
+            "the warm-up step and the last step, divided by steps and workers. "
+            + ("Model: the system's own bytes by Parallax's Table 3 on this topology; floor: "
+               "HYBRID's with duplicate ids removed.\n" if model == "lm" else
+               "vocab: the item table's (the large one).\n")]
     for i, argv in enumerate(getattr(args, "merged_from", []), 1):
         text.append(f"\nWith the rows this run did not measure from an earlier run ({i}): "
                     f"`{argv}`.\n")
     for rate in args.rates:
-        text.append(f"\n## Links at {rate}\n\n{table(rows, rate)}\n")
+        text.append(f"\n## Links at {rate}\n\n{table(rows, rate, unit)}\n")
     sweep = density_table(rows)
     if sweep:
         text.append("\n## Density routing: measured alpha, the route chosen, and each route\n\n"
