@@ -67,6 +67,34 @@ def test_language_model_example_trains_in_hybrid(tmp_path):
     assert b["ps_push"] > 0 and b["ps_pull"] > 0 and b["allreduce"] > 0 and b["allgather"] == 0
 
 
+def test_recommender_example_routes_each_table_by_its_density(tmp_path):
+    """examples/recommender.py (feature columns, FTRL + Adagrad, Zipf ids) with
+    sparse_route "auto": every table measured and routed, each by its fastest predicted
+    route among the kinds the job pays for; the large tables never by the dense
+    allreduce; it learns."""
+    summary = tmp_path / "summary.json"
+    proc = horovodrun(2, os.path.join(REPO, "examples", "recommender.py"), "--vocab", "20000",
+                      "--batch-size", "256", "--steps", "30", "--warmup", "5",
+                      "--log-every", "10", "--json", str(summary))
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    s = json.loads(summary.read_text())
+    choices = s["routing"]["choices"]
+    assert len(choices) == 10, sorted(choices)  # 5 features x (linear weights, embedding)
+    used = {c["route"] for c in choices.values()}
+    for name, c in choices.items():
+        assert s["routes"][name] == c["route"], (name, c)
+        t = {r: c[f"{r}_s"] for r in ("ps", "allreduce", "allgather", "sharded")
+             if c[f"{r}_s"] is not None}
+        fastest = min(t, key=t.get)
+        assert t[c["route"]] == t[fastest] or fastest not in used, (name, c)
+        if "/hour" in name or "/device" in name:
+            assert c["alpha"] > 0.5, (name, c)  # most rows touched
+        if "/item" in name or "/user" in name:
+            assert c["alpha"] < 0.05 and c["route"] != "allreduce", (name, c)
+    assert s["bytes_per_step"]["allreduce"] > 0
+    assert s["loss_last"] < s["loss_first"]
+
+
 def test_language_model_example_reads_a_text_file(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat and the dog sat on the log . " * 300)
