@@ -105,13 +105,16 @@ def main():
                    choices=("ps", "allreduce", "allgather", "sharded", "auto"))
     p.add_argument("--partitions", type=int, default=None,
                    help="parts per sparse variable on the parameter servers")
+    p.add_argument("--no-local-aggregation", action="store_true",
+                   help="send each worker's row gradients straight to the other hosts")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--json", help="write the timing and traffic summary here (worker 0)")
     args = p.parse_args()
 
     graph, loss, train_op = build_graph(args.items, args.batch_size)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
-                          sparse_route=args.sparse_route if args.run_mode == "HYBRID" else "ps")
+                          sparse_route=args.sparse_route if args.run_mode == "HYBRID" else "ps",
+                          local_aggregation=not args.no_local_aggregation)
     with tfpar.get_runner(graph, config=config) as runner:              # tfpar line 2 of 2
         if runner.is_chief:
             print(runner.plan, flush=True)

@@ -42,7 +42,7 @@ from scripts.report import invocation, machine, results_dir  # noqa: E402
 from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_allreduce",
-           "HYBRID_allgather", "HYBRID_sharded", "HYBRID_async",
+           "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct", "HYBRID_async",
            "HYBRID_direct", "AR", "PS", "PS_measured", "PS_async", "PS_direct", "horovod",
            "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
@@ -52,6 +52,7 @@ LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_allreduce": "tfpar HYBRID, sparse by allreduce",
           "HYBRID_allgather": "tfpar HYBRID, sparse by allgather",
           "HYBRID_sharded": "tfpar HYBRID, sparse sharded (all-to-all)",
+          "HYBRID_sharded_direct": "tfpar HYBRID, sparse sharded, no local aggregation",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
           "HYBRID_direct": "tfpar HYBRID, no local aggregation",
           "HYBRID_measured": "tfpar HYBRID, routes and aggregation measured",
@@ -133,7 +134,10 @@ def model_bytes(system, vocab, n, hosts, rows):
         total = ps(sparse_unique_pull + dense, sparse_host_push + dense)
     elif system in ("PS_async", "PS_direct"):
         total = ps(sparse_unique_pull + dense, (per_worker_push + dense) * n / hosts)
-    elif system == "HYBRID_sharded":  # each worker's unique rows to and from their owners
+    elif system == "HYBRID_sharded":  # each worker's unique rows from their owners, each
+        # host's unique row gradients to them (local aggregation): the servers' bytes
+        total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
+    elif system == "HYBRID_sharded_direct":  # each worker's unique rows, both ways
         total = ring_allreduce(dense) + 2 * n * per_worker_push * remote
     elif system in ("AR", "horovod", "HYBRID_allgather"):
         total = ring_allreduce(dense) + ring_allgather(sparse_dup)
@@ -181,6 +185,7 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm"):
                    "allreduce": ["--sparse-route", "allreduce"],
                    "allgather": ["--sparse-route", "allgather"],
                    "sharded": ["--sparse-route", "sharded"], "async": ["--async"],
+                   "sharded_direct": ["--sparse-route", "sharded", "--no-local-aggregation"],
                    "ps": ["--sparse-route", "ps"],
                    "direct": ["--no-local-aggregation"],
                    "measured": ["--sparse-route", "auto", "--local-aggregation", "auto"]

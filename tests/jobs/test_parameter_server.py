@@ -57,6 +57,8 @@ SHARDED_4 = [
      "model": {"optimizer": "adam", "emb_partitions": 2, "shared_embedding": True,
                "clip": 0.05}},
     sc("sharded_adagrad_p1", "adagrad", 1, {"sparse_route": "sharded"}),
+    sc("sharded_ftrl_p1_no_local_aggregation", "ftrl", 1,
+       {"sparse_route": "sharded", "local_aggregation": False}),
 ]
 
 results2 = job_results("results2", "ps2", 2, SCENARIOS_2)
@@ -108,9 +110,15 @@ def test_sharded_on_two_hosts_of_two_workers_equals_single_device(results4, scen
     ranks = check(results4, scenario, 4)
     plan = _plan(ranks)
     assert plan["shared"]["route"] == "sharded" and plan["shared"]["tiling"] == "R4"
+    # Local aggregation (the default): the row gradients go to a worker of the host
+    # first, which sums the host's rows by id before they cross to their owners.
+    aggregated = scenario["config"].get("local_aggregation", True)
+    assert json.loads(str(ranks[0]["plan"]))["local_aggregation"] is aggregated
     for data in ranks:
         comm = json.loads(str(data["communication"]))
         assert comm["sharded"] > 0 and comm["ps_push"] == comm["ps_pull"] == 0
+        host_steps = [n for n in json.loads(str(data["alltoalls"])) if n.endswith("_host")]
+        assert len(host_steps) == (1 if aggregated else 0), host_steps
 
 
 def test_local_aggregation_sends_one_push_per_host_per_part(results4):

@@ -123,6 +123,32 @@ def test_the_plan_takes_the_measured_choice_and_says_why():
         assert plan.routing.aggregation.on is on
 
 
+def test_sharded_rows_are_aggregated_per_host_as_the_servers_pushes():
+    """Route "sharded" on several hosts: local aggregation (on by default) sums a host's
+    row gradients before they cross to their owners; one host, or False, sends them
+    straight; "auto" prices one more all-to-all against the host's shared rows."""
+    sharded = dict(sparse=True, optimizer="adagrad")
+    _, plan = _plan(tfpar.Config(sparse_route="sharded"), **sharded)
+    assert plan.variable("emb").route == "sharded" and not plan.num_ps
+    assert plan.local_aggregation
+    assert "sharded rows' gradients: local aggregation on" in plan.table()
+    _, alone = _plan(tfpar.Config(sparse_route="sharded"), hosts="a:4", **sharded)
+    assert not alone.local_aggregation
+    _, off = _plan(tfpar.Config(sparse_route="sharded", local_aggregation=False), **sharded)
+    assert not off.local_aggregation and "local aggregation off" in off.table()
+    analysis, plan = _plan(tfpar.Config(sparse_route="sharded", local_aggregation="auto"),
+                           **sharded)
+    links = routing.Links(latency_s=1e-3, per_byte_s=1e-8, alltoall_latency_s=0.25e-3)
+    decision = decide_aggregation(plan, analysis, {"emb": 6.0}, links)
+    assert decision.cost_s == pytest.approx(0.25e-3) and "all-to-all" in decision.reason
+    for duplicates, on in ((1e5, True), (0.0, False)):
+        measured = Measurements(links=links, duplicates={"emb": duplicates}, steps=3)
+        plan = make_plan(analysis, tfpar.Config(sparse_route="sharded",
+                                                local_aggregation="auto"),
+                         parse_resources("a:2,b:2"), measured)
+        assert plan.local_aggregation is on and plan.routing.aggregation.on is on
+
+
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_bad_local_aggregation_is_a_clear_error(bad):
     with pytest.raises(TfparError, match="local_aggregation must be True, False or 'auto'"):

@@ -97,7 +97,8 @@ class Plan:
     variables: Tuple[VariablePlan, ...]
     global_step: Optional[str] = None
     notes: Tuple[str, ...] = ()
-    local_aggregation: bool = False  # PS pushes combined per host first
+    # PS pushes and sharded row gradients combined per host before crossing host links
+    local_aggregation: bool = False
     sync: bool = True  # False: each worker applies its own gradients on the PS at once
     # {partitioner group: how its count was decided}
     partition_search: Optional[Dict[str, GroupDecision]] = None
@@ -266,6 +267,10 @@ class Plan:
                     f"w{d}[" + ",".join(f"{lo}:{hi}" for lo, hi in v.tiling.tile_ranges(v.shape, d))
                     + "]" for d in range(v.tiling.devices))
                 lines.append(f"  {v.name} {v.tiling}: {boxes}")
+            if any(v.route == "sharded" for v in split) and len(self.hosts) > 1:
+                lines.append("sharded rows' gradients: local aggregation "
+                             + ("on (summed per host, then to their owners)"
+                                if self.local_aggregation else "off (straight to their owners)"))
         if self.tiling:
             lines.append(self.tiling.table())
         return "\n".join(lines + [f"note: {n}" for n in self.notes])

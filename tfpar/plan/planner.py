@@ -78,8 +78,12 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                 hosts=tuple((h.name, h.slots) for h in layout.hosts), variables=tuple(variables),
                 global_step=analysis.global_step,
                 partition_search=dict(measured.partition_search) or None)
+    # Local aggregation combines the pushes of the servers' route and the row gradients of
+    # route "sharded" per host before they cross to the other hosts.
+    sharded = {v.name for v in variables if v.route == "sharded" and v.slot_of is None}
+    aggregated = bool(on_ps or sharded)
     wanted = config.local_aggregation
-    if wanted == "auto" and on_ps and len(layout.hosts) > 1 and config.sync:
+    if wanted == "auto" and aggregated and len(layout.hosts) > 1 and config.sync:
         decided = None
         if density is not None and aggregation_measured(config, layout):
             decided = decide_aggregation(plan, analysis, dict(measured.duplicates),
@@ -90,10 +94,9 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                                              "get_runner)" if decided is None else
                                              f"{'on' if decided.on else 'off'} (measured): "
                                              f"{decided.reason}"))
-    local_aggregation = bool(on_ps) and bool(wanted) and len(layout.hosts) > 1
-    if on_ps and wanted and not local_aggregation:
-        notes.append("one host: local aggregation off (its PS is the only one; workers push "
-                     "to it directly)")
+    local_aggregation = aggregated and bool(wanted) and len(layout.hosts) > 1
+    if aggregated and wanted and not local_aggregation:
+        notes.append("one host: local aggregation off (nothing crosses a host's link)")
     if not config.sync:
         if on_ps:
             local_aggregation = False
@@ -125,6 +128,13 @@ def on_parameter_servers(analysis: GraphAnalysis, config: Config, layout: Layout
     without the rest of the plan (what the job asks before it measures or searches)."""
     mode, on_ps, _, _ = _routes(analysis, config, layout, measured or Measurements(), [])
     return mode, on_ps
+
+
+def aggregated(analysis: GraphAnalysis, config: Config, layout: Layout) -> Set[str]:
+    """The variables whose gradients local aggregation would combine per host before
+    measuring (on the parameter servers, or sharded by `Config.sparse_route`)."""
+    mode, on_ps, sparse_routes, _ = _routes(analysis, config, layout, Measurements(), [])
+    return on_ps | {name for name, r in sparse_routes.items() if r == "sharded"}
 
 
 def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: Measurements,
@@ -198,19 +208,22 @@ def aggregation_measured(config: Config, layout: Layout) -> bool:
 
 def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str, float],
                        links: routing.Links) -> Optional[routing.Aggregation]:
-    """Local aggregation's choice for `plan`'s parameter-server variables (None: none).
+    """Local aggregation's choice for `plan`'s parameter-server and sharded variables
+    (None: none).
 
-    Per step, a host's workers push to the other hosts' parameter servers ((H-1)/H of the
-    parts) the rows they touch in common once each instead of once per worker
-    (`duplicates`: such rows per step over all hosts, measured), and a dense gradient once
-    instead of once per worker; the mean over hosts is what one link is spared.
+    Per step, a host's workers send to the other hosts' parameter servers or rows' owners
+    ((H-1)/H of the rows) the rows they touch in common once each instead of once per
+    worker (`duplicates`: such rows per step over all hosts, measured), and a dense
+    gradient once instead of once per worker; the mean over hosts is what one link is
+    spared. It costs one more exchange on each route it combines.
     """
     hosts = len(plan.hosts)
-    if not plan.num_ps or hosts < 2:
+    routes = {v.route for v in plan.variables if v.slot_of is None}
+    if not routes & {"ps", "sharded"} or hosts < 2:
         return None
     spared = 0.0  # bytes over all host links per step
     for v in plan.variables:
-        if v.route != "ps" or v.slot_of is not None or not v.nbytes:
+        if v.route not in ("ps", "sharded") or v.slot_of is not None or not v.nbytes:
             continue
         if v.kind == "sparse":
             info = analysis.variable(v.name)
@@ -219,7 +232,8 @@ def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str
         else:  # pushed whole by every worker unless combined by allreduce first
             pushed = sum(1 for g in v.gradients if not g.post_processed)
             spared += pushed * v.nbytes * sum(slots - 1 for _, slots in plan.hosts)
-    return routing.decide_aggregation(spared * (hosts - 1) / hosts / hosts, links)
+    return routing.decide_aggregation(spared * (hosts - 1) / hosts / hosts, links,
+                                      servers="ps" in routes, sharded="sharded" in routes)
 
 
 def _sparse_routes(analysis: GraphAnalysis, config: Config,

@@ -1,6 +1,6 @@
 """Routing by measurement: sparse variables to parameter servers, a dense allreduce, a
 sparse allgather or rows sharded over the workers (all-to-all), and whether each host
-aggregates its pushes.
+aggregates its pushes and row gradients.
 
 Parallax sends every sparse variable to the parameter servers. That pays when a step
 touches few of its rows (alpha << 1) of many workers, but when most rows are touched (a
@@ -83,8 +83,10 @@ class Links:
         return allgather_bytes(c, n) * self.per_byte_s
 
     def sharded_s(self, c: "Candidate", n: int) -> float:
-        """Predicted seconds of the sharded route's bytes of `c` per step."""
-        return sharded_bytes(c, n) * self.per_byte_s
+        """Predicted seconds of the sharded route's bytes of `c` per step, less what
+        local aggregation keeps off the host links (as `ps_s`)."""
+        moved = sharded_bytes(c, n) * self.per_byte_s
+        return max(moved - c.aggregation_s, moved / 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +110,7 @@ class Candidate:
     sent_rows: Optional[float] = None
     dense_route: bool = True
     sharded_route: bool = True
-    # What local aggregation spares it on the parameter servers' route: seconds per step
+    # What local aggregation spares it on the servers' and the sharded routes: seconds per step
     # its host-shared rows (the rows the workers of a host touch in common) would take on
     # a host link (`aggregation_saving_s`; 0: no aggregation).
     aggregation_s: float = 0.0
@@ -201,8 +203,9 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     gradients' fused allreduce). Every choice of which kinds to pay for is tried, each
     variable taking its fastest route among them; the cheapest step wins, fewer kinds on
     a tie, then the order of `SPARSE_ROUTES`. `forced` routes are kept (their kinds are
-    paid for). aggregation: the hosts aggregate their pushes (the servers' route gains
-    each candidate's `aggregation_s` and pays one more exchange).
+    paid for). aggregation: the hosts aggregate their pushes and row gradients (the
+    servers' and the sharded routes gain each candidate's `aggregation_s` and pay one more
+    exchange).
     """
     forced = forced or {}
     volume = {c.name: {"allreduce": allreduce_bytes(c, n), "ps": ps_bytes(c, n),
@@ -279,10 +282,12 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
 
 def fixed_costs(links: Links, aggregation: bool = False) -> Dict[str, float]:
     """Seconds a kind of route adds to a step once any variable takes it (sequential
-    exchanges; local aggregation one more on the servers' route); the allreduce route
+    exchanges; local aggregation one more on the servers' route and on the sharded
+    rows'); the allreduce route
     joins the dense gradients' allreduce."""
     return {"ps": (PS_ROUND_TRIPS + aggregation) * links.latency_s,
-            "allgather": links.latency_s, "sharded": SHARDED_EXCHANGES * links.alltoall_s}
+            "allgather": links.latency_s,
+            "sharded": (SHARDED_EXCHANGES + aggregation) * links.alltoall_s}
 
 
 def aggregation_saving_s(shared_rows: float, row_bytes: int, hosts: int,
@@ -306,19 +311,24 @@ _FIXED_WHY = {"ps": f"their protocol's {PS_ROUND_TRIPS} exchanges",
               "sharded": f"its {SHARDED_EXCHANGES} all-to-alls"}
 
 
-def decide_aggregation(saved_bytes: float, links: Links) -> Aggregation:
+def decide_aggregation(saved_bytes: float, links: Links, servers: bool = True,
+                       sharded: bool = False) -> Aggregation:
     """Local aggregation pays when the bytes it keeps off a host's link take longer there
-    than the exchange it adds.
+    than the exchanges it adds.
 
     A host link that carries B bytes one way takes about 2 B per_byte_s: `per_byte_s` is
     fitted to an allreduce's bytes sent plus received per worker, which a ring moves over
-    full-duplex links in half their sum. The added exchange costs one `latency_s`.
+    full-duplex links in half their sum. The added exchange costs one `latency_s` on the
+    servers' route (push to the host's PS, then the host's sum forwarded) and one
+    all-to-all on route "sharded" (the rows to a worker of the host first).
     """
     saving = 2.0 * saved_bytes * links.per_byte_s
-    cost_s = links.latency_s
+    cost_s = servers * links.latency_s + sharded * links.alltoall_s
     on = saving > cost_s
+    what = " and ".join(w for w, used in (("one more exchange", servers),
+                                          ("one more all-to-all", sharded)) if used)
     reason = (f"saves {saved_bytes:,.0f} bytes per host link per step "
-              f"({1e3 * saving:.3f} ms) {'>' if on else '<='} one more exchange "
+              f"({1e3 * saving:.3f} ms) {'>' if on else '<='} {what} "
               f"({1e3 * cost_s:.3f} ms)")
     return Aggregation(on, saved_bytes, saving, cost_s, reason)
 

@@ -26,7 +26,7 @@ from tfpar.plan import cost
 from tfpar.runtime import job
 from tfpar.errors import TfparError
 from tfpar.plan.measurements import Measurements
-from tfpar.plan.planner import aggregation_measured, density_candidates, on_parameter_servers
+from tfpar.plan.planner import aggregated, aggregation_measured, density_candidates
 from tfpar.plan.routing import Links
 from tfpar.runtime.sharding import with_shard_values
 from tfpar.graph.graph_copy import copy_graph
@@ -41,7 +41,7 @@ def measure(meta, analysis, config, layout) -> Measurements:
     none of them has anything to decide."""
     candidates = density_candidates(analysis, config)
     aggregation = aggregation_measured(config, layout) and bool(
-        candidates or on_parameter_servers(analysis, config, layout)[1])
+        candidates or aggregated(analysis, config, layout))
     if not candidates and not aggregation:
         if config.tiling == "auto" and len(layout.hosts) > 1:  # the tiling mesh's host links
             return Measurements(links=measure_links())

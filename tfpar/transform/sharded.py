@@ -16,15 +16,18 @@ For every variable with route "sharded" (and its optimizer slots, split alike), 
   averaging and post-processed on each worker as the user's graph says (clipping,
   scaling), every sum over rows in that (a global norm) summed over the workers, as the
   PS route does; the final rows are summed by id and sent to the rows' owners with their
-  ids, every gradient of the step in one all-to-all, and summed again by id there;
+  ids, every gradient of the step in one all-to-all, and summed again by id there (with
+  local aggregation, `Plan.local_aggregation`, through a worker of the sender's host
+  first, which sums the host's rows by id: a row the host's workers share crosses the
+  host's link once);
 - each owner applies a copy of the user's own update ops (the same optimizer and
   hyper-parameters; TensorFlow's duplicate-summing included) to its rows and slots, with
   ids made local to its range. Every worker thus updates its own rows as a single device
   would update them with the gradient of the concatenated batch.
 
 No parameter server and no TensorFlow server take part: only Horovod's collectives.
-Not yet: reads of the variable other than lookups in the training step (an EMA of it,
-a whole read), local (per-host) de-duplication.
+Not yet: a whole read of the variable in the training step; per-host de-duplication of
+the lookups' ids and rows.
 """
 from __future__ import annotations
 
@@ -61,7 +64,8 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
     by_name = {v.name: v for v in plan.variables}
     made: Dict[str, tf.Variable] = {}
     updates: List[tf.Operation] = []
-    exchanges = _Exchanges(plan.num_workers, rank, counter)
+    exchanges = _Exchanges(plan.num_workers, rank, counter,
+                           _hosts(plan) if plan.local_aggregation else None)
     with graph.as_default():
         variables = [_Sharded(graph, plan, v, by_name, rank, exchanges) for v in sharded]
         made.update((s.v.name, s.part) for s in variables)
@@ -322,8 +326,47 @@ class _Exchanges:
     """The job's all-to-alls of sharded variables, named in the order every worker builds
     them (Horovod matches collectives by name), their bytes counted on path "sharded"."""
 
-    def __init__(self, n: int, rank: int, counter):
+    def __init__(self, n: int, rank: int, counter, hosts=None):
         self.n, self.rank, self.counter = n, rank, counter
+        # Local aggregation: every host's ranks (None: off, or no host has two workers).
+        self.hosts = hosts if hosts and max(len(h) for h in hosts) > 1 else None
+
+    def to_owners(self, items, name: str):
+        """Rows with their ids to the workers that own them. items: [(ids sorted by owner
+        (int64), their rows [k, width], how many go to each worker, the owners' first
+        rows)], the rows of one dtype. Returns per item (ids, rows) that arrived here.
+
+        With local aggregation, the rows go first to the worker of this host that collects
+        them for their owner (the owner's local rank, modulo the host's workers), which
+        sums them by id and sends them on: a row the host's workers share crosses the
+        host's link once. Two all-to-alls instead of one."""
+        if self.hosts is not None:
+            items = self._via_host(items, name)
+        if len(items) == 1:
+            ids, rows, splits, _ = items[0]
+            return [self.rows_with_ids(ids, rows, splits, name)]
+        return [(ids, rows) for ids, rows, _ in self.many([x[:3] for x in items], name)]
+
+    def _via_host(self, items, name: str):
+        """Each item's rows summed by id on the host's collectors (`to_owners`), sorted by
+        owner again: what the collectors send on."""
+        mine = next(h for h in self.hosts if self.rank in h)
+        local = [w - h[0] for h in self.hosts for w in h]  # each owner's local rank
+        collector = tf.constant(np.array([mine[l % len(mine)] for l in local], np.int32))
+        first = []
+        for ids, rows, splits, _ in items:
+            owner = tf.repeat(tf.range(self.n, dtype=tf.int32), splits)
+            order = tf.argsort(tf.gather(collector, owner), stable=True)
+            first.append((tf.gather(ids, order), tf.gather(rows, order),
+                          tf.math.unsorted_segment_sum(splits, collector, self.n)))
+        got = self.many(first, f"{name}_host")
+        out = []
+        for (ids, rows, _), (_, _, _, starts) in zip(got, items):
+            unique, where = tf.unique(ids)
+            summed = tf.math.unsorted_segment_sum(rows, where, tf.size(unique))
+            sorted_ids, splits, order = _by_owner(unique, starts, self.n)
+            out.append((sorted_ids, tf.gather(summed, order), splits, starts))
+        return out
 
     def run(self, x: tf.Tensor, splits: tf.Tensor, name: str):
         """(what this worker receives, how many rows from each worker)."""
@@ -448,12 +491,8 @@ def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops)
         key = send.rows.dtype.name if not alone else f"alone_{len(together)}"
         together.setdefault(key, []).append(send)
     for k, group in enumerate(together.values()):
-        name = f"gradients_{k}"
-        if len(group) == 1:
-            got = [exchanges.rows_with_ids(group[0].ids, group[0].rows, group[0].splits, name)]
-        else:
-            got = [(ids, rows) for ids, rows, _ in exchanges.many(
-                [(x.ids, x.rows, x.splits) for x in group], name)]
+        got = exchanges.to_owners([(x.ids, x.rows, x.splits, x.owner.starts) for x in group],
+                                  f"gradients_{k}")
         for send, (ids, rows) in zip(group, got):
             send.got_ids, send.got_rows = ids, rows
 
@@ -528,6 +567,15 @@ def _segment_reduction(lk: "_Lookup", rows: tf.Tensor) -> tf.Tensor:
         kwargs["sparse_gradient"] = op.get_attr("sparse_gradient")
     out = getattr(tf.raw_ops, op.type)(**kwargs)
     out.set_shape(op.outputs[0].shape)
+    return out
+
+
+def _hosts(plan: Plan) -> List[List[int]]:
+    """Every host's ranks (consecutive, in the plan's host order)."""
+    out, first = [], 0
+    for _, slots in plan.hosts:
+        out.append(list(range(first, first + slots)))
+        first += slots
     return out
 
 
