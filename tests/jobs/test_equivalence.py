@@ -110,7 +110,10 @@ SCENARIOS_3 = [
 
 results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2 + SHARDED_2)
 
-results3 = job_results("results3", "equivalence3", 3, SCENARIOS_3 + SHARDED_3)
+# 3 workers as two hosts of 2 and 1 (two names of this machine, as in
+# test_parameter_server): the sharded rows' local aggregation on hosts of unequal size.
+results3 = job_results("results3", "equivalence3", 3, SCENARIOS_3 + SHARDED_3,
+                       "localhost:2,127.0.0.1:1")
 
 
 @each_scenario(SCENARIOS_2)
@@ -165,7 +168,13 @@ def test_sharded_on_two_workers_equals_single_device(results2, scenario):
 
 @each_scenario(SHARDED_3)
 def test_sharded_on_three_workers_equals_single_device(results3, scenario):
-    check_sharded(check(results3, scenario, 3), 3)
+    """On hosts of 2 and 1 workers, with local aggregation: rank 0 collects its host's
+    ids and rows for the owners of local rank 0 (ranks 0 and 2), rank 1 for rank 1; rank
+    2, alone on its host, for every owner."""
+    ranks = check(results3, scenario, 3)
+    check_sharded(ranks, 3)
+    plan = json.loads(str(ranks[0]["plan"]))
+    assert [n for _, n in plan["hosts"]] == [2, 1] and plan["local_aggregation"]
 
 
 def test_sharded_starts_no_server(results2):

@@ -110,15 +110,18 @@ def test_sharded_on_two_hosts_of_two_workers_equals_single_device(results4, scen
     ranks = check(results4, scenario, 4)
     plan = _plan(ranks)
     assert plan["shared"]["route"] == "sharded" and plan["shared"]["tiling"] == "R4"
-    # Local aggregation (the default): the row gradients go to a worker of the host
-    # first, which sums the host's rows by id before they cross to their owners.
+    # Local aggregation (the default): the ids and the row gradients go to a worker of
+    # the host first, which asks for the host's unique ids and sums the host's rows by id
+    # before they cross to their owners (three more all-to-alls, within the host).
     aggregated = scenario["config"].get("local_aggregation", True)
     assert json.loads(str(ranks[0]["plan"]))["local_aggregation"] is aggregated
     for data in ranks:
         comm = json.loads(str(data["communication"]))
         assert comm["sharded"] > 0 and comm["ps_push"] == comm["ps_pull"] == 0
-        host_steps = [n for n in json.loads(str(data["alltoalls"])) if n.endswith("_host")]
-        assert len(host_steps) == (1 if aggregated else 0), host_steps
+        names = json.loads(str(data["alltoalls"]))
+        kinds = [k for k in ("_host", "_host_ids", "_host_rows")
+                 if any(n.endswith(k) for n in names)]
+        assert kinds == (["_host", "_host_ids", "_host_rows"] if aggregated else []), names
 
 
 def test_local_aggregation_sends_one_push_per_host_per_part(results4):

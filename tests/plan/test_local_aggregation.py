@@ -126,7 +126,8 @@ def test_the_plan_takes_the_measured_choice_and_says_why():
 def test_sharded_rows_are_aggregated_per_host_as_the_servers_pushes():
     """Route "sharded" on several hosts: local aggregation (on by default) sums a host's
     row gradients before they cross to their owners; one host, or False, sends them
-    straight; "auto" prices one more all-to-all against the host's shared rows."""
+    straight; "auto" prices three more all-to-alls (ids, rows, gradients through the
+    host's collector) against the host's shared rows, spared both ways."""
     sharded = dict(sparse=True, optimizer="adagrad")
     _, plan = _plan(tfpar.Config(sparse_route="sharded"), **sharded)
     assert plan.variable("emb").route == "sharded" and not plan.num_ps
@@ -139,8 +140,11 @@ def test_sharded_rows_are_aggregated_per_host_as_the_servers_pushes():
     analysis, plan = _plan(tfpar.Config(sparse_route="sharded", local_aggregation="auto"),
                            **sharded)
     links = routing.Links(latency_s=1e-3, per_byte_s=1e-8, alltoall_latency_s=0.25e-3)
+    emb = analysis.variable("emb")
+    row = emb.nbytes // emb.shape[0]
     decision = decide_aggregation(plan, analysis, {"emb": 6.0}, links)
-    assert decision.cost_s == pytest.approx(0.25e-3) and "all-to-all" in decision.reason
+    assert decision.cost_s == pytest.approx(0.75e-3) and "all-to-all" in decision.reason
+    assert decision.saved_bytes == pytest.approx(2 * 6.0 * (row + routing.INDEX_BYTES) / 4)
     for duplicates, on in ((1e5, True), (0.0, False)):
         measured = Measurements(links=links, duplicates={"emb": duplicates}, steps=3)
         plan = make_plan(analysis, tfpar.Config(sparse_route="sharded",

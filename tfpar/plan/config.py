@@ -29,7 +29,9 @@ class Config:
         tasks (one per host). Pieces of a variable the user already partitioned (a
         `partitioner=` of a variable scope) are kept as they are.
       local_aggregation: in HYBRID and PS modes, sum the gradients of the workers of a host
-        on that host's PS first, so each PS part receives one push per host per step.
+        on that host's PS first, so each PS part receives one push per host per step; for
+        route "sharded", sum a host's row gradients by id on one of its workers before
+        they cross to the rows' owners (one more all-to-all, within the host).
         True (default, as Parallax), False, or "auto": measured in the job (the rows a
         host's workers push in common over `density_steps` steps, and the links as for
         sparse_route="auto"); on when the bytes it keeps off a host's link take longer

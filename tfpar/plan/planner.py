@@ -215,7 +215,8 @@ def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str
     ((H-1)/H of the rows) the rows they touch in common once each instead of once per
     worker (`duplicates`: such rows per step over all hosts, measured), and a dense
     gradient once instead of once per worker; the mean over hosts is what one link is
-    spared. It costs one more exchange on each route it combines.
+    spared; on route "sharded" twice (the shared rows' lookups too). It costs one more
+    exchange on the servers' route and three all-to-alls on the sharded one.
     """
     hosts = len(plan.hosts)
     routes = {v.route for v in plan.variables if v.slot_of is None}
@@ -228,7 +229,8 @@ def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str
         if v.kind == "sparse":
             info = analysis.variable(v.name)
             row_bytes = info.nbytes // max(info.shape[0], 1)
-            spared += duplicates.get(v.name, 0.0) * (row_bytes + routing.INDEX_BYTES)
+            twice = 2 if v.route == "sharded" else 1  # lookups and gradients
+            spared += twice * duplicates.get(v.name, 0.0) * (row_bytes + routing.INDEX_BYTES)
         else:  # pushed whole by every worker unless combined by allreduce first
             pushed = sum(1 for g in v.gradients if not g.post_processed)
             spared += pushed * v.nbytes * sum(slots - 1 for _, slots in plan.hosts)

@@ -38,6 +38,9 @@ PS_ROUND_TRIPS = 3
 # Sequential all-to-alls of route "sharded": ids to their owners and rows back before the
 # forward pass goes on, then the row gradients to their owners.
 SHARDED_EXCHANGES = 3
+# What local aggregation adds to them: ids to the host's collector and rows back from it,
+# the row gradients to it.
+SHARDED_HOST_EXCHANGES = 3
 INDEX_BYTES = 8  # an int64 row id, sent with every pulled and pushed row
 
 
@@ -84,9 +87,10 @@ class Links:
 
     def sharded_s(self, c: "Candidate", n: int) -> float:
         """Predicted seconds of the sharded route's bytes of `c` per step, less what
-        local aggregation keeps off the host links (as `ps_s`)."""
+        local aggregation keeps off the host links: the shared rows' gradients, as on the
+        servers' route, and their lookups (never below half the bytes' time)."""
         moved = sharded_bytes(c, n) * self.per_byte_s
-        return max(moved - c.aggregation_s, moved / 2)
+        return max(moved - 2 * c.aggregation_s, moved / 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,12 +286,13 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
 
 def fixed_costs(links: Links, aggregation: bool = False) -> Dict[str, float]:
     """Seconds a kind of route adds to a step once any variable takes it (sequential
-    exchanges; local aggregation one more on the servers' route and on the sharded
-    rows'); the allreduce route
+    exchanges; local aggregation one more on the servers' route, three more all-to-alls
+    within the host on the sharded rows'); the allreduce route
     joins the dense gradients' allreduce."""
     return {"ps": (PS_ROUND_TRIPS + aggregation) * links.latency_s,
             "allgather": links.latency_s,
-            "sharded": (SHARDED_EXCHANGES + aggregation) * links.alltoall_s}
+            "sharded": (SHARDED_EXCHANGES + SHARDED_HOST_EXCHANGES * aggregation)
+            * links.alltoall_s}
 
 
 def aggregation_saving_s(shared_rows: float, row_bytes: int, hosts: int,
@@ -319,14 +324,16 @@ def decide_aggregation(saved_bytes: float, links: Links, servers: bool = True,
     A host link that carries B bytes one way takes about 2 B per_byte_s: `per_byte_s` is
     fitted to an allreduce's bytes sent plus received per worker, which a ring moves over
     full-duplex links in half their sum. The added exchange costs one `latency_s` on the
-    servers' route (push to the host's PS, then the host's sum forwarded) and one
-    all-to-all on route "sharded" (the rows to a worker of the host first).
+    servers' route (push to the host's PS, then the host's sum forwarded) and three
+    all-to-alls on route "sharded" (ids, rows and row gradients through a worker of the
+    host).
     """
     saving = 2.0 * saved_bytes * links.per_byte_s
-    cost_s = servers * links.latency_s + sharded * links.alltoall_s
+    cost_s = servers * links.latency_s + sharded * SHARDED_HOST_EXCHANGES * links.alltoall_s
     on = saving > cost_s
-    what = " and ".join(w for w, used in (("one more exchange", servers),
-                                          ("one more all-to-all", sharded)) if used)
+    what = " and ".join(w for w, used in (
+        ("one more exchange", servers),
+        (f"{SHARDED_HOST_EXCHANGES} more all-to-alls", sharded)) if used)
     reason = (f"saves {saved_bytes:,.0f} bytes per host link per step "
               f"({1e3 * saving:.3f} ms) {'>' if on else '<='} {what} "
               f"({1e3 * cost_s:.3f} ms)")

@@ -298,19 +298,6 @@ class _Lookup:
         return self.gather.inputs[1]
 
 
-def _lookup(group: List[_Lookup], exchanges: "_Exchanges", name: str):
-    """Replaces the gathers of `group` (one ids tensor, variables split alike) with the
-    owners' rows: the unique ids to their owners, the rows of every variable back in one
-    all-to-all, expanded to the ids."""
-    with tf.compat.v1.name_scope(f"tfpar/sharded/{name}/"):
-        unique, where = tf.unique(tf.reshape(group[0].ids, [-1]))
-        sorted_ids, splits, order = _by_owner(unique, group[0].owner.starts, exchanges.n)
-        asked, asked_splits = exchanges.run(sorted_ids, splits, f"{name}_ids")
-        packed, widths = _rows_of(group, asked - group[0].owner.lo)
-        back, _ = exchanges.run(packed, asked_splits, f"{name}_rows")
-        _expand(group, back, widths, where, order)
-
-
 def _by_owner(ids: tf.Tensor, starts, n: int):
     """(ids sorted by owner, as int64; how many each owner gets; the sorting permutation).
     starts: the first row of each worker's range."""
@@ -347,18 +334,24 @@ class _Exchanges:
             return [self.rows_with_ids(ids, rows, splits, name)]
         return [(ids, rows) for ids, rows, _ in self.many([x[:3] for x in items], name)]
 
+    def _to_collectors(self, splits: tf.Tensor):
+        """(the permutation that sorts rows sorted by owner by their collector on this
+        worker's host: the worker with the owner's local rank, modulo the host's workers;
+        how many rows go to each worker)."""
+        mine = next(h for h in self.hosts if self.rank in h)
+        local = [w - h[0] for h in self.hosts for w in h]  # each owner's local rank
+        collector = tf.constant(np.array([mine[k % len(mine)] for k in local], np.int32))
+        owner = tf.repeat(tf.range(self.n, dtype=tf.int32), splits)
+        order = tf.argsort(tf.gather(collector, owner), stable=True)
+        return order, tf.math.unsorted_segment_sum(splits, collector, self.n)
+
     def _via_host(self, items, name: str):
         """Each item's rows summed by id on the host's collectors (`to_owners`), sorted by
         owner again: what the collectors send on."""
-        mine = next(h for h in self.hosts if self.rank in h)
-        local = [w - h[0] for h in self.hosts for w in h]  # each owner's local rank
-        collector = tf.constant(np.array([mine[l % len(mine)] for l in local], np.int32))
         first = []
         for ids, rows, splits, _ in items:
-            owner = tf.repeat(tf.range(self.n, dtype=tf.int32), splits)
-            order = tf.argsort(tf.gather(collector, owner), stable=True)
-            first.append((tf.gather(ids, order), tf.gather(rows, order),
-                          tf.math.unsorted_segment_sum(splits, collector, self.n)))
+            order, per_collector = self._to_collectors(splits)
+            first.append((tf.gather(ids, order), tf.gather(rows, order), per_collector))
         got = self.many(first, f"{name}_host")
         out = []
         for (ids, rows, _), (_, _, _, starts) in zip(got, items):
@@ -367,6 +360,51 @@ class _Exchanges:
             sorted_ids, splits, order = _by_owner(unique, starts, self.n)
             out.append((sorted_ids, tf.gather(summed, order), splits, starts))
         return out
+
+    def ask(self, items, serve, name: str):
+        """Rows from their owners. items: [(ids sorted by owner (int64), how many go to each
+        worker, the owners' first rows)]; serve(k, ids): item k's rows [m, width] at the
+        ids that came to this worker, in their order. Returns each item's rows in the
+        order of its ids: one all-to-all of ids and one of rows for all items.
+
+        With local aggregation, the ids go first to the host's collector for their owner
+        (`to_owners`), which asks for the host's unique ids and hands the rows back: a row
+        the host's workers share crosses the host's link once each way, for two more
+        all-to-alls within the host."""
+        if self.hosts is not None:
+            return self._ask_via_host(items, serve, name)
+        return self._ask_owners(items, serve, name)
+
+    def _ask_owners(self, items, serve, name: str):
+        if len(items) == 1:
+            ids, splits, _ = items[0]
+            asked, came = self.run(ids, splits, f"{name}_ids")
+            back, _ = self.run(serve(0, asked), came, f"{name}_rows")
+            return [back]
+        asked = self.many([(ids, None, splits) for ids, splits, _ in items], f"{name}_ids")
+        rows = [serve(k, ids) for k, (ids, _, _) in enumerate(asked)]
+        return self.rows_back([(r, came, splits) for r, (_, _, came), (_, splits, _)
+                               in zip(rows, asked, items)], f"{name}_rows")
+
+    def _ask_via_host(self, items, serve, name: str):
+        first, perms = [], []
+        for ids, splits, _ in items:
+            order, per_collector = self._to_collectors(splits)
+            first.append((tf.gather(ids, order), None, per_collector))
+            perms.append(order)
+        got = self.many(first, f"{name}_host_ids")
+        second, kept = [], []
+        for (ids, _, came), (_, _, starts) in zip(got, items):
+            unique, where = tf.unique(ids)
+            sorted_ids, splits, order = _by_owner(unique, starts, self.n)
+            second.append((sorted_ids, splits, starts))
+            kept.append((where, order, came))
+        rows = self._ask_owners(second, serve, name)  # the host's unique ids
+        handed = [tf.gather(tf.gather(r, tf.math.invert_permutation(order)), where)
+                  for r, (where, order, _) in zip(rows, kept)]
+        back = self.rows_back([(r, came, per_collector) for r, (_, _, came), (_, _, per_collector)
+                               in zip(handed, kept, first)], f"{name}_host_rows")
+        return [tf.gather(r, tf.math.invert_permutation(perm)) for r, perm in zip(back, perms)]
 
     def run(self, x: tf.Tensor, splits: tf.Tensor, name: str):
         """(what this worker receives, how many rows from each worker)."""
@@ -503,24 +541,25 @@ def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges"):
     group by group, in order)."""
     gathers = [lk.gather for group in groups for lk in group]
     if len(groups) < 2 or any(_depends_on([group[0].ids], gathers) for group in groups):
-        for k, group in enumerate(groups):
-            _lookup(group, exchanges, f"lookup_{k}")
-        return
-    with tf.compat.v1.name_scope("tfpar/sharded/lookups/"):
-        asks = []
-        for group in groups:
-            unique, where = tf.unique(tf.reshape(group[0].ids, [-1]))
-            sorted_ids, splits, order = _by_owner(unique, group[0].owner.starts, exchanges.n)
-            asks.append((sorted_ids, None, splits, where, order))
-        asked = exchanges.many([(a[0], None, a[2]) for a in asks], "lookups_ids")
-        columns = []
-        for group, (ids, _, counts) in zip(groups, asked):
-            local = ids - group[0].owner.lo
-            columns.append(_rows_of(group, local))
-        back = exchanges.rows_back([(packed, counts, ask[2]) for (packed, _), (_, _, counts), ask
-                                    in zip(columns, asked, asks)], "lookups_rows")
-        for group, (_, widths), rows, ask in zip(groups, columns, back, asks):
-            _expand(group, rows, widths, ask[3], ask[4])
+        batches = [([group], f"lookup_{k}") for k, group in enumerate(groups)]
+    else:
+        batches = [(groups, "lookups")]
+    for batch, name in batches:
+        with tf.compat.v1.name_scope(f"tfpar/sharded/{name}/"):
+            asks, widths = [], {}
+            for group in batch:
+                unique, where = tf.unique(tf.reshape(group[0].ids, [-1]))
+                sorted_ids, splits, order = _by_owner(unique, group[0].owner.starts,
+                                                      exchanges.n)
+                asks.append((sorted_ids, splits, group[0].owner.starts, where, order))
+
+            def serve(k, ids, batch=batch):
+                packed, widths[k] = _rows_of(batch[k], ids - batch[k][0].owner.lo)
+                return packed
+
+            back = exchanges.ask([a[:3] for a in asks], serve, name)
+            for k, (group, rows, ask) in enumerate(zip(batch, back, asks)):
+                _expand(group, rows, widths[k], ask[3], ask[4])
 
 
 def _rows_of(group: List[_Lookup], local: tf.Tensor):
