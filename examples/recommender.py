@@ -106,7 +106,10 @@ def main():
     p.add_argument("--partitions", type=int, default=None,
                    help="parts per sparse variable on the parameter servers")
     p.add_argument("--no-local-aggregation", action="store_true",
-                   help="send each worker's row gradients straight to the other hosts")
+                   help="each worker's rows straight to the other hosts (--local-aggregation off)")
+    p.add_argument("--local-aggregation", choices=("on", "off", "auto"),
+                   help="sum a host's row gradients (and de-duplicate its lookups) before "
+                        "they cross its link; auto: measured")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--json", help="write the timing and traffic summary here (worker 0)")
     args = p.parse_args()
@@ -114,7 +117,9 @@ def main():
     graph, loss, train_op = build_graph(args.items, args.batch_size)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
                           sparse_route=args.sparse_route if args.run_mode == "HYBRID" else "ps",
-                          local_aggregation=not args.no_local_aggregation)
+                          local_aggregation={"on": True, "off": False, "auto": "auto"}[
+                              args.local_aggregation
+                              or ("off" if args.no_local_aggregation else "on")])
     with tfpar.get_runner(graph, config=config) as runner:              # tfpar line 2 of 2
         if runner.is_chief:
             print(runner.plan, flush=True)
@@ -135,6 +140,7 @@ def main():
         elapsed = time.time() - start
         per_step = {k: (comm[k] - comm0[k]) / timed for k in comm if k != "steps"}
         summary = {"mode": runner.plan.mode, "workers": runner.num_workers,
+                   "local_aggregation": runner.plan.local_aggregation,
                    "vocab": args.items, "step_time_s": elapsed / timed,
                    "words_per_s": timed * args.batch_size * runner.num_workers / elapsed,
                    "bytes_per_step": per_step,

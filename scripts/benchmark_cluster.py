@@ -328,6 +328,7 @@ def main():
                             "routes": {k: v for k, v in rs[-1].get("routes", {}).items()
                                        if k in density_of(rs[-1])},
                             "alpha": density_of(rs[-1]),
+                            "local_aggregation": rs[-1].get("local_aggregation", True),
                             "floor_per_step_worker": counts and model_bytes(
                                 "floor", vocab, n, hosts, counts),
                             "loss_last": rs[-1].get("loss_last"), "repeats": len(rs),
@@ -381,46 +382,56 @@ def _mb(b):
     return "- | " if b is None else f"{b / 1e6:.3f} | "
 
 
-FIXED_ROUTES = (("ps", "HYBRID"), ("allreduce", "HYBRID_allreduce"),
-                ("allgather", "HYBRID_allgather"), ("sharded", "HYBRID_sharded"))
+# (column, route, system): every sparse variable on one route, local aggregation as the
+# system sets it.
+FIXED_ROUTES = (("ps", "ps", "HYBRID"), ("ps, no aggregation", "ps", "HYBRID_direct"),
+                ("allreduce", "allreduce", "HYBRID_allreduce"),
+                ("allgather", "allgather", "HYBRID_allgather"),
+                ("sharded", "sharded", "HYBRID_sharded"),
+                ("sharded, no aggregation", "sharded", "HYBRID_sharded_direct"))
+ROUTED = ("HYBRID_auto", "HYBRID_measured")  # density routing (and aggregation measured)
 
 
 def density_table(rows):
-    """Per configuration: the measured alphas, density routing's routes and time, each
-    fixed route's time (the columns of routes this run did not measure say "-"), and
-    whether it chose the fastest (one route for every variable) or, routes mixed, how
-    much faster it ran than the fastest fixed route."""
+    """Per configuration and density-routed system: the measured alphas, the routes
+    chosen and the time, each fixed route's time (the fixed routes this run measured), and
+    whether it chose the fastest route (one route for every variable; a route within 5%
+    of the fastest counts) or, routes mixed, how much faster it ran than the fastest
+    fixed route."""
+    columns = [c for c in FIXED_ROUTES if any(r["system"] == c[2] for r in rows)]
     lines = []
     for r in rows:
-        if r["system"] != "HYBRID_auto":
+        if r["system"] not in ROUTED:
             continue
         same = {x["system"]: x for x in rows if (x["rate"], x["workers"], x["vocab"])
                 == (r["rate"], r["workers"], r["vocab"])}
-        fixed = {route: same[system]["step_time_s"] for route, system in FIXED_ROUTES
-                 if system in same}
+        fixed = {label: (route, same[system]["step_time_s"]) for label, route, system
+                 in columns if system in same}
         chosen = sorted(set(r["routes"].values()))
-        if len(fixed) < 2:
+        if len({route for route, _ in fixed.values()}) < 2:
             verdict = "-"
         elif len(chosen) == 1:
-            best = min(fixed.values())
-            near = [route for route, t in fixed.items() if t <= 1.05 * best]
+            best = min(t for _, t in fixed.values())
+            near = sorted({route for route, t in fixed.values() if t <= 1.05 * best})
             verdict = ("yes" if chosen[0] in near else "no") + (
                 f" (within 5%: {', '.join(near)})" if len(near) > 1 else "")
         else:
-            verdict = f"routes mixed: {min(fixed.values()) / r['step_time_s']:.2f}x faster"
+            verdict = (f"routes mixed: {min(t for _, t in fixed.values()) / r['step_time_s']:.2f}x"
+                       " faster")
         alpha = r["alpha"]
         counted = ", ".join(f"{route} x{sum(1 for v in r['routes'].values() if v == route)}"
                             for route in chosen)
+        aggregation = "on" if r.get("local_aggregation", True) else "off"
         lines.append(
-            f"| {r['rate']} | {r['workers']} | {r['vocab']:,} | "
+            f"| {r['rate']} | {r['workers']} | {r['vocab']:,} | {LABELS[r['system']]} | "
             + (f"{min(alpha.values()):.3f} to {max(alpha.values()):.3f}" if alpha else "-")
-            + f" | {counted} | {r['step_time_s'] * 1e3:.0f} | "
-            + " | ".join(f"{fixed[route] * 1e3:.0f}" if route in fixed else "-"
-                         for route, _ in FIXED_ROUTES) + f" | {verdict} |")
+            + f" | {counted}, aggregation {aggregation} | {r['step_time_s'] * 1e3:.0f} | "
+            + " | ".join(f"{fixed[label][1] * 1e3:.0f}" if label in fixed else "-"
+                         for label, _, _ in columns) + f" | {verdict} |")
     if not lines:
         return ""
-    head = ("| link | N | vocab | alpha | routes chosen (variables) | density-routed (ms) | "
-            + " | ".join(f"{route} (ms)" for route, _ in FIXED_ROUTES)
+    head = ("| link | N | vocab | system | alpha | routes chosen (variables) | "
+            "density-routed (ms) | " + " | ".join(f"{label} (ms)" for label, _, _ in columns)
             + " | chose the fastest |")
     return "\n".join([head, "|" + "---|" * (head.count("|") - 1)] + lines)
 

@@ -284,3 +284,26 @@ def test_unknown_or_dense_variable_in_the_dict_is_refused():
 
 
 # -- equivalence with real processes -------------------------------------------------------------
+
+
+def test_local_aggregation_auto_is_decided_with_the_routes():
+    """Config(local_aggregation="auto") with density routing prices every route with and
+    without it and keeps the faster step: the sharded rows' three more all-to-alls lose to
+    the bytes their hosts share on slow links and win on fast ones."""
+    from tfpar.plan.planner import route_by_density
+    # (Clipped by the global norm: no dense allreduce, whose missing fixed cost would win
+    # on fast links.)
+    graph, _ = models.build(batch=8, sparse=True, optimizer="adagrad", clip=0.05)
+    analysis = tfpar.analyse(graph)
+    layout = parse_resources("a:2,b:2")
+    config = tfpar.Config(sparse_route="auto", local_aggregation="auto")
+    rows = analysis.variable("emb").shape[0]
+    for per_byte, on in ((1e-6, True), (1e-10, False)):
+        links = routing.Links(latency_s=5e-3, per_byte_s=per_byte, alltoall_latency_s=1e-5)
+        chosen = route_by_density(analysis, config, layout, {"emb": 0.3}, links, 3,
+                                  shared={"emb": 0.1 * rows})
+        always = route_by_density(analysis, dataclasses.replace(config, local_aggregation=True),
+                                  layout, {"emb": 0.3}, links, 3, shared={"emb": 0.1 * rows})
+        c, a = chosen.choices["emb"], always.choices["emb"]
+        assert c.route == a.route == "sharded", (c, a)
+        assert (c.sharded_s == a.sharded_s) is on, (c, a)  # priced with the aggregation

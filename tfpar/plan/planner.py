@@ -176,8 +176,8 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
     shared: {name: rows per step the workers of a host touch in common, summed over hosts}
     (what local aggregation spares the servers' route; None: not measured)."""
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
-    # Local aggregation on the servers' route: on unless refused (its "auto" would turn
-    # it on where it pays, which the saving priced here decides the same way).
+    # Local aggregation on the servers' and the sharded routes: on unless refused; its
+    # "auto" is decided with the routes (both are priced, the faster step taken).
     aggregating = (config.local_aggregation is not False and config.sync
                    and len(layout.hosts) > 1 and max(h.slots for h in layout.hosts) > 1)
     candidates = []
@@ -193,6 +193,14 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
             aggregation_s=saving))
     choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced),
                              aggregating)
+    if aggregating and config.local_aggregation == "auto":
+        plain = routing.decide(tuple(dataclasses.replace(c, aggregation_s=0.0)
+                                     for c in candidates), layout.num_workers, links,
+                               dict(forced), False)
+        paid = tuple(forced.values())
+        if routing.predicted_step_s(plain, links, False, paid) <= routing.predicted_step_s(
+                choices, links, True, paid):
+            choices = plain
     for name in forced:  # not measured: no density, no prediction shown
         choices[name] = routing.RouteChoice(forced[name], None,
                                             reason="set by tfpar.Config(sparse_route=...)")

@@ -284,6 +284,17 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     return out
 
 
+def predicted_step_s(choices: Dict[str, RouteChoice], links: Links,
+                     aggregation: bool = False, forced: Tuple[str, ...] = ()) -> float:
+    """The step time `decide` predicted for its choices: each measured variable's time on
+    its route plus the fixed cost of every kind of route taken (`forced`: the routes of
+    variables not measured, whose kinds are paid for too)."""
+    moved = sum(getattr(c, f"{c.route}_s") or 0.0 for c in choices.values())
+    fixed = fixed_costs(links, aggregation)
+    kinds = {c.route for c in choices.values()} | set(forced)
+    return moved + sum(fixed.get(r, 0.0) for r in kinds)
+
+
 def fixed_costs(links: Links, aggregation: bool = False) -> Dict[str, float]:
     """Seconds a kind of route adds to a step once any variable takes it (sequential
     exchanges; local aggregation one more on the servers' route, three more all-to-alls
