@@ -306,7 +306,7 @@ def main():
                                             steps, warmup, args.timeout, args.model)
                             except RuntimeError as e:  # reported, and the others go on
                                 print(f"{rate} N={n} vocab={vocab:,} {LABELS[system]}: {e}"
-                                      [:3000], flush=True)
+                                      [-6000:], flush=True)
                                 continue
                             runs[system].append(r)
                             print(f"{rate} N={n} vocab={vocab:,} {LABELS[system]:<24} "
@@ -329,6 +329,7 @@ def main():
                                        if k in density_of(rs[-1])},
                             "alpha": density_of(rs[-1]),
                             "local_aggregation": rs[-1].get("local_aggregation", True),
+                            "routing": rs[-1].get("routing"),  # links, predictions
                             "floor_per_step_worker": counts and model_bytes(
                                 "floor", vocab, n, hosts, counts),
                             "loss_last": rs[-1].get("loss_last"), "repeats": len(rs),

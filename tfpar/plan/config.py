@@ -30,13 +30,16 @@ class Config:
         `partitioner=` of a variable scope) are kept as they are.
       local_aggregation: in HYBRID and PS modes, sum the gradients of the workers of a host
         on that host's PS first, so each PS part receives one push per host per step; for
-        route "sharded", sum a host's row gradients by id on one of its workers before
-        they cross to the rows' owners (one more all-to-all, within the host).
+        route "sharded", de-duplicate a host's lookups and sum its row gradients by id on
+        one of its workers before they cross to the rows' owners (three more all-to-alls,
+        within the host).
         True (default, as Parallax), False, or "auto": measured in the job (the rows a
         host's workers push in common over `density_steps` steps, and the links as for
         sparse_route="auto"); on when the bytes it keeps off a host's link take longer
-        than the exchange it adds (large batches, slow links), off otherwise (small
-        batches, where the extra exchange costs more than the bytes). The plan says why.
+        than the exchanges it adds (large batches, slow links), off otherwise (small
+        batches, where the extra exchanges cost more than the bytes); with
+        sparse_route="auto", decided with the routes (each priced with and without it).
+        The plan says why.
       search_partitions: for variables made inside a `tfpar.partitioner`: "auto" (use the
         count remembered for this graph and layout, else search), "force" (search again),
         or "off" (use the partitioner's minimum, or 1).

@@ -322,9 +322,9 @@ def aggregation_saving_s(shared_rows: float, row_bytes: int, hosts: int,
 _ORDER = ("allreduce", "allgather", "ps", "sharded")  # ties go to the first
 _KIND = {"ps": "the parameter servers", "allgather": "an allgather",
          "allreduce": "a dense allreduce", "sharded": "sharded rows (all-to-all)"}
-_FIXED_WHY = {"ps": f"their protocol's {PS_ROUND_TRIPS} exchanges",
+_FIXED_WHY = {"ps": "their protocol's exchanges",
               "allgather": "the collective it adds",
-              "sharded": f"its {SHARDED_EXCHANGES} all-to-alls"}
+              "sharded": "its all-to-alls"}
 
 
 def decide_aggregation(saved_bytes: float, links: Links, servers: bool = True,
