@@ -83,7 +83,7 @@ def test_a_stopped_parameter_server_on_the_other_host_is_named(tmp_path, cluster
 
 
 @pytest.mark.parametrize("rate,batch,vocab,route", [("1gbit", 32, 100_000, "allgather"),
-                                                    ("10mbit", 128, 20_000, "ps")])
+                                                    ("10mbit", 128, 10_000, "ps")])
 def test_the_lm_routes_by_what_it_measured_on_the_links(tmp_path, cluster, rate, batch, vocab,
                                                         route):
     """Density routing on links it measures: a small batch on fast links is latency-bound
@@ -91,7 +91,7 @@ def test_the_lm_routes_by_what_it_measured_on_the_links(tmp_path, cluster, rate,
     allgather); on slow links the same rows' bytes dominate and the servers pay, or the
     sharded rows, which move the same bytes, where the job measured a cheaper exchange
     for their all-to-alls. (At 10 Mbit/s a smaller vocabulary: the chief sends the
-    servers their initial parts, 15 MB each here, 77 MB at 100,000 words.)"""
+    servers their initial parts, 7.5 MB each here, 77 MB at 100,000 words.)"""
     cluster.set_rate(rate)
     try:
         out = tmp_path / "summary.json"
@@ -117,7 +117,9 @@ def test_the_lm_routes_by_what_it_measured_on_the_links(tmp_path, cluster, rate,
     for name in sparse:
         c = choices[name]
         assert c["ps_s"] < c["allgather_s"] < c["allreduce_s"], c  # ids: fewer rows on PS
-        assert c["ps_s"] <= c["sharded_s"] < c["allgather_s"], c
+        # The same bytes; local aggregation (on) spares the sharded rows the hosts' shared
+        # rows both ways, the servers only their pushes.
+        assert c["sharded_s"] <= c["ps_s"], c
     bytes_ = summary["bytes_per_step"]
     assert (bytes_["ps_pull"] > 0) == (route == "ps"), bytes_
     assert (bytes_["allgather"] > 0) == (route == "allgather"), bytes_

@@ -68,7 +68,6 @@ def sharded(name, model, config=None, vocab=models.VOCAB):
 
 
 SHARDED_2 = [
-    sharded("sgd", {"optimizer": "sgd"}),
     sharded("adagrad", {"optimizer": "adagrad"}),
     sharded("adam", {"optimizer": "adam"}),
     sharded("momentum", {"optimizer": "momentum"}),
@@ -90,7 +89,6 @@ SHARDED_2 = [
     sharded("adagrad_ema", {"optimizer": "adagrad", "ema": True}),
 ]
 SHARDED_3 = [
-    sharded("adagrad", {"optimizer": "adagrad"}),
     sharded("ftrl", {"optimizer": "ftrl"}),
     sharded("momentum_ref_variables", {"optimizer": "momentum", "use_resource": False}),
     sharded("adagrad_clip", {"optimizer": "adagrad", "clip": 0.05}),

@@ -56,8 +56,7 @@ SHARDED_4 = [
     {**sc("sharded_adam_p2", "adam", 2, {"sparse_route": "sharded"}),
      "model": {"optimizer": "adam", "emb_partitions": 2, "shared_embedding": True,
                "clip": 0.05}},
-    sc("sharded_adagrad_p1", "adagrad", 1, {"sparse_route": "sharded"}),
-    sc("sharded_ftrl_p1_no_local_aggregation", "ftrl", 1,
+    sc("sharded_adagrad_p1_no_local_aggregation", "adagrad", 1,
        {"sparse_route": "sharded", "local_aggregation": False}),
 ]
 
