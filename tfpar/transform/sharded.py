@@ -11,23 +11,24 @@ For every variable with route "sharded" (and its optimizer slots, split alike), 
   embedding_lookup_sparse) de-duplicate their ids and send each to the
   worker that owns its row, which gathers the rows asked of it and sends them back:
   every lookup of the step in one all-to-all of ids and one of rows (when their ids do
-  not depend on each other's rows), and the rows are expanded back to the ids;
+  not depend on each other's rows), and the rows are expanded back to the ids (with
+  local aggregation, `Plan.local_aggregation`, through a worker of the asker's host,
+  which asks for the host's unique ids and hands the rows back);
 - the user's backward of the lookup is left as it is; its rows are scaled by 1/N when
   averaging and post-processed on each worker as the user's graph says (clipping,
   scaling), every sum over rows in that (a global norm) summed over the workers, as the
   PS route does; the final rows are summed by id and sent to the rows' owners with their
   ids, every gradient of the step in one all-to-all, and summed again by id there (with
-  local aggregation, `Plan.local_aggregation`, through a worker of the sender's host
-  first, which sums the host's rows by id: a row the host's workers share crosses the
-  host's link once);
+  local aggregation, through that worker of the sender's host first, which sums the
+  host's rows by id: a row the host's workers share crosses the host's link once each
+  way);
 - each owner applies a copy of the user's own update ops (the same optimizer and
   hyper-parameters; TensorFlow's duplicate-summing included) to its rows and slots, with
   ids made local to its range. Every worker thus updates its own rows as a single device
   would update them with the gradient of the concatenated batch.
 
 No parameter server and no TensorFlow server take part: only Horovod's collectives.
-Not yet: a whole read of the variable in the training step; per-host de-duplication of
-the lookups' ids and rows.
+Not yet: a whole read of the variable in the training step.
 """
 from __future__ import annotations
 
