@@ -68,7 +68,6 @@ def sharded(name, model, config=None, vocab=models.VOCAB):
 
 
 SHARDED_2 = [
-    sharded("adagrad", {"optimizer": "adagrad"}),
     sharded("adam", {"optimizer": "adam"}),
     sharded("momentum", {"optimizer": "momentum"}),
     sharded("ftrl", {"optimizer": "ftrl"}),
