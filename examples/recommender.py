@@ -110,6 +110,9 @@ def main():
     p.add_argument("--local-aggregation", choices=("on", "off", "auto"),
                    help="sum a host's row gradients (and de-duplicate its lookups) before "
                         "they cross its link; auto: measured")
+    p.add_argument("--search-routes", action="store_true",
+                   help="with --sparse-route auto: time the most promising sets of routes "
+                   "in the job and keep the fastest (tfpar.Config(search_routes=True))")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--json", help="write the timing and traffic summary here (worker 0)")
     args = p.parse_args()
@@ -119,7 +122,8 @@ def main():
                           sparse_route=args.sparse_route if args.run_mode == "HYBRID" else "ps",
                           local_aggregation={"on": True, "off": False, "auto": "auto"}[
                               args.local_aggregation
-                              or ("off" if args.no_local_aggregation else "on")])
+                              or ("off" if args.no_local_aggregation else "on")],
+                          search_routes=args.search_routes)
     with tfpar.get_runner(graph, config=config) as runner:              # tfpar line 2 of 2
         if runner.is_chief:
             print(runner.plan, flush=True)

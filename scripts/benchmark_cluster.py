@@ -41,7 +41,7 @@ from scripts.report import invocation, machine, results_dir  # noqa: E402
 
 from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
-SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_allreduce",
+SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_trials", "HYBRID_allreduce",
            "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct", "HYBRID_async",
            "HYBRID_direct", "AR", "PS", "PS_measured", "PS_async", "PS_direct", "horovod",
            "horovod_sparse_as_dense", "tf_ps")
@@ -56,6 +56,7 @@ LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
           "HYBRID_direct": "tfpar HYBRID, no local aggregation",
           "HYBRID_measured": "tfpar HYBRID, routes and aggregation measured",
+          "HYBRID_trials": "tfpar HYBRID, routes timed in trials",
           "PS_measured": "tfpar PS, aggregation measured",
           "PS_direct": "tfpar PS, no local aggregation",
           "horovod": "Horovod (allgather)", "horovod_sparse_as_dense": "Horovod sparse_as_dense",
@@ -145,7 +146,7 @@ def model_bytes(system, vocab, n, hosts, rows):
         total = ring_allreduce(dense + sparse_all)
     elif system == "tf_ps":  # every worker pulls and pushes for itself, duplicates included
         total = ps(sparse_dup + dense, 0) + n * (sparse_dup + dense) * remote
-    elif system in ("HYBRID_auto", "HYBRID_measured", "PS_measured"):  # until the job says
+    elif system in ROUTED + ("PS_measured",):  # until the job says
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
     else:
         raise ValueError(system)
@@ -156,7 +157,7 @@ def modelled_as(system, summary):
     """The system whose model describes a run: density routing's is the route it chose."""
     if system == "PS_measured":
         return "PS" if summary.get("local_aggregation", True) else "PS_direct"
-    if system not in ("HYBRID_auto", "HYBRID_measured"):
+    if system not in ROUTED:
         return system
     sparse = [name for name, c in (summary.get("routing") or {}).get("choices", {}).items()]
     routes = {summary["routes"][name] for name in sparse}
@@ -188,6 +189,8 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm"):
                    "sharded_direct": ["--sparse-route", "sharded", "--no-local-aggregation"],
                    "ps": ["--sparse-route", "ps"],
                    "direct": ["--no-local-aggregation"],
+                   "trials": ["--sparse-route", "auto", "--local-aggregation", "auto",
+                              "--search-routes"],
                    "measured": ["--sparse-route", "auto", "--local-aggregation", "auto"]
                    if mode == "HYBRID" else ["--local-aggregation", "auto"]}[variant]
     elif system == "tf_ps":
@@ -390,7 +393,7 @@ FIXED_ROUTES = (("ps", "ps", "HYBRID"), ("ps, no aggregation", "ps", "HYBRID_dir
                 ("allgather", "allgather", "HYBRID_allgather"),
                 ("sharded", "sharded", "HYBRID_sharded"),
                 ("sharded, no aggregation", "sharded", "HYBRID_sharded_direct"))
-ROUTED = ("HYBRID_auto", "HYBRID_measured")  # density routing (and aggregation measured)
+ROUTED = ("HYBRID_auto", "HYBRID_measured", "HYBRID_trials")  # density routing (and more)
 
 
 def density_table(rows):

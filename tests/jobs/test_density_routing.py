@@ -3,7 +3,8 @@ gradient equal single-device training (2 workers, and 2 hosts x 2 workers), alon
 beside variables on the parameter servers (rtol=1e-5, atol=1e-6, 4 steps, as
 test_equivalence); the LM example on 2 local workers routes a small vocabulary (alpha
 ~0.5) to allreduce and a large one (alpha ~0.003) to allgather (on slow emulated links, to
-the parameter servers: test_emulated_hosts). The decision itself:
+the parameter servers: test_emulated_hosts); route trials (search_routes) keep the
+fastest of the sets of routes they time. The decision itself:
 tests/plan/test_density_routing.py.
 """
 import dataclasses
@@ -48,6 +49,10 @@ SCENARIOS_2 = [
 ]
 SCENARIOS_4 = [
     sc("allreduce_adam", "adam", ALL, partitions=3),
+    # Route trials: the model's choice and the two sets of routes it ranks next, timed.
+    sc("trials_adagrad", "adagrad", {"sparse_route": "auto", "local_aggregation": "auto",
+                                     "search_routes": True, "search_trials": 3,
+                                     "search_steps": [1, 2]}, feed_trials=True),
     sc("mixed_adagrad", "adagrad", {"sparse_route": {"emb/part_0": "ps", "emb/part_1": "ps",
                                                      "shared": "allreduce"}}),
     sc("mixed_momentum_allgather", "momentum",
@@ -70,6 +75,17 @@ def _check_routes(ranks, scenario):
     forced = setting if isinstance(setting, dict) else {
         n: setting for n in sparse if setting != "auto"}
     used = {routes[n] for n in sparse}
+    trials = plan["routing"]["trials"] if plan.get("routing") else []
+    if trials:  # the routes (and aggregation) of the fastest trial, whatever the model said
+        assert len(trials) == scenario["config"]["search_trials"], trials
+        ran = [t for t in trials if t["measured_s"] is not None]
+        fastest = min(ran, key=lambda t: t["measured_s"])
+        assert len(ran) == len(trials) and trials[0]["label"].startswith("the model's")
+        assert {n: routes[n] for n in fastest["routes"]} == fastest["routes"], (routes, trials)
+        if fastest["aggregation"] is not None:
+            assert plan["local_aggregation"] is fastest["aggregation"]
+        assert len({json.dumps([t["routes"], t["aggregation"]], sort_keys=True)
+                    for t in trials}) == len(trials)  # none timed twice
     for name in sparse:
         if name in forced:
             assert routes[name] == forced[name], (name, routes[name])
@@ -77,12 +93,15 @@ def _check_routes(ranks, scenario):
         choice = plan["routing"]["choices"][name]
         assert routes[name] == choice["route"], (name, routes[name], choice)
         assert 0 < choice["alpha"] < 0.875, choice
+        if trials:
+            assert choice["reason"].startswith("route trials: the fastest was"), choice
+            continue
         t = {r: choice[f"{r}_s"] for r in routing.SPARSE_ROUTES
              if choice[f"{r}_s"] is not None}
         fastest = min(t, key=t.get)
         if t[routes[name]] > t[fastest]:  # only a kind of route not paid for is passed over
             assert fastest not in used and "less than" in choice["reason"], choice
-        if "ps" not in forced.values():  # tiny variables: savings cannot pay the protocol
+        if "ps" not in forced.values() and not trials:  # tiny: savings cannot pay the protocol
             assert routes[name] not in ("ps", "sharded"), choice
     comm = json.loads(str(ranks[0]["communication"]))
     if all(routes[n] != "ps" for n in sparse):

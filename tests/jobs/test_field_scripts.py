@@ -123,12 +123,13 @@ _REFERENCES = {}
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    """(tf1, n) -> the folder of the single-device runs, made once for every mode."""
-    def get(tf1, n):
-        if (tf1, n) not in _REFERENCES:
-            _REFERENCES[(tf1, n)] = reference(
-                tmp_path_factory.mktemp(f"reference_{'tf1' if tf1 else 'tf2'}_{n}"), n, tf1)
-        return _REFERENCES[(tf1, n)]
+    """(tf1, n, scripts) -> the folder of the single-device runs, made once for every mode."""
+    def get(tf1, n, scripts=SCRIPTS):
+        if (tf1, n, scripts) not in _REFERENCES:
+            _REFERENCES[(tf1, n, scripts)] = reference(
+                tmp_path_factory.mktemp(f"reference_{'tf1' if tf1 else 'tf2'}_{n}"), n, tf1,
+                scripts)
+        return _REFERENCES[(tf1, n, scripts)]
     return get
 
 
@@ -160,6 +161,9 @@ def test_field_scripts_with_sharded_rows_equal_single_device(tmp_path, reference
 
 def test_field_scripts_on_two_hosts_equal_single_device(tmp_path, references):
     """PS mode, TF1 (reference variables), 2 hosts x 2 workers: two parameter servers, so
-    every sparse variable and its slots are in two parts, with local aggregation."""
-    check_cells(run_cells(tmp_path, 4, True, "PS", references(True, 4), hosts=TWO_HOSTS),
-                "PS")
+    every sparse variable and its slots are in two parts, with local aggregation. The
+    suite runs the recurrent PTB model, LM1B's partitioned sampled softmax and the canned
+    wide & deep (every script: TFPAR_LONG_TESTS)."""
+    scripts = SCRIPTS if os.environ.get("TFPAR_LONG_TESTS") else ("ptb", "lm1b", "wide_deep")
+    check_cells(run_cells(tmp_path, 4, True, "PS", references(True, 4, scripts), scripts,
+                          hosts=TWO_HOSTS), "PS")

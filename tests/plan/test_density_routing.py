@@ -307,3 +307,89 @@ def test_local_aggregation_auto_is_decided_with_the_routes():
         c, a = chosen.choices["emb"], always.choices["emb"]
         assert c.route == a.route == "sharded", (c, a)
         assert (c.sharded_s == a.sharded_s) is on, (c, a)  # priced with the aggregation
+
+
+# -- route trials (Config(search_routes=True)) ---------------------------------------------------
+def test_route_trials_time_the_models_choice_then_each_route():
+    """The candidates: the model's choice first, every measured variable on one route where
+    it can take it, with local aggregation on and off where "auto" decides it; those the
+    model predicts over 4x its best plus 20 ms are not timed, and at most search_trials
+    are."""
+    from tfpar.plan.measurements import Measurements
+    from tfpar.plan.planner import route_trials
+    graph, _ = models.build(batch=8, sparse=True, optimizer="adagrad", emb_partitions=2,
+                            shared_embedding=True)
+    analysis = tfpar.analyse(graph)
+    layout = parse_resources("a:2,b:2")
+    links = routing.Links(latency_s=1e-3, per_byte_s=1e-8, alltoall_latency_s=1e-3)
+    names = ("emb/part_0", "emb/part_1", "shared")
+    measured = Measurements(links=links, steps=2, alphas={n: 0.3 for n in names},
+                            duplicates={n: 1.0 for n in names})
+    config = tfpar.Config(sparse_route="auto", local_aggregation="auto", search_routes=True,
+                          search_trials=10)
+    trials = route_trials(analysis, config, layout, measured)
+    assert trials[0].label.startswith("the model's choice")
+    best = min(t.predicted_s for t in trials)
+    assert all(t.predicted_s <= 4 * best + 0.02 for t in trials)
+    # Slow links, few rows: the dense allreduce (predicted 8x the servers' step) is not timed.
+    slow = dataclasses.replace(measured, links=dataclasses.replace(links, per_byte_s=1e-4),
+                               alphas={n: 0.05 for n in names})
+    assert "allreduce" in {r for t in trials for r in t.routes.values()}
+    assert "allreduce" not in {r for t in route_trials(analysis, config, layout, slow)
+                               for r in t.routes.values()}
+    keys = [(tuple(sorted(t.routes.items())), t.aggregation) for t in trials]
+    assert len(set(keys)) == len(keys)  # none timed twice
+    every = {r: {n: r for n in names} for r in routing.SPARSE_ROUTES}
+    for t in trials[1:]:
+        assert t.routes in every.values(), t
+        if set(t.routes.values()) & {"ps", "sharded"}:
+            assert t.aggregation in (True, False)
+        else:
+            assert t.aggregation is None
+    assert {t.aggregation for t in trials if t.routes == every["sharded"]} == {True, False}
+    capped = route_trials(analysis, dataclasses.replace(config, search_trials=2), layout,
+                          measured)
+    assert capped == trials[:2]
+    # Fixed aggregation: one variant per set of routes.
+    fixed = route_trials(analysis, dataclasses.replace(config, local_aggregation=True),
+                         layout, measured)
+    assert all(t.aggregation is None for t in fixed)
+
+
+def test_the_fastest_route_trial_overrules_the_model_and_the_plan_shows_every_trial():
+    from tfpar.plan.measurements import Measurements
+    from tfpar.plan.planner import make_plan
+    graph, _ = models.build(batch=8, sparse=True, optimizer="adagrad")
+    analysis = tfpar.analyse(graph)
+    layout = parse_resources("a:2,b:2")
+    links = routing.Links(latency_s=1e-3, per_byte_s=1e-8)
+    config = tfpar.Config(sparse_route="auto", local_aggregation="auto", search_routes=True)
+    measured = Measurements(links=links, steps=2, alphas={"emb": 0.3},
+                            duplicates={"emb": 1.0})
+    model = make_plan(analysis, config, layout, measured).variable("emb").route
+    other = "sharded" if model != "sharded" else "allgather"
+    timed = (routing.RouteTrial("the model's choice", {"emb": model}, None, 1e-3, 9e-3),
+             routing.RouteTrial("sharded x1, aggregation off", {"emb": other}, False, 2e-3,
+                                4e-3),
+             routing.RouteTrial("ps x1, aggregation on", {"emb": "ps"}, True, 3e-3, None))
+    assert routing.fastest_trial(timed) == timed[1]
+    plan = make_plan(analysis, config, layout, dataclasses.replace(
+        measured, route_trials=timed, routes=timed[1].routes, local_aggregation=False))
+    assert plan.variable("emb").route == other
+    assert plan.routing.choices["emb"].reason.startswith("route trials: the fastest was")
+    assert f"the model chose {model}" in plan.routing.choices["emb"].reason
+    assert plan.routing.trials == timed
+    assert any(n.startswith("route trial 3: ps x1, aggregation on: predicted 3.00 ms, "
+                            "measured failed") for n in plan.notes)
+    if other == "sharded":
+        assert plan.local_aggregation is False
+        assert "local aggregation off (route trials)" in plan.notes
+    assert tfpar.Plan.from_json(plan.to_json()) == plan
+
+
+def test_search_routes_needs_something_to_time():
+    with pytest.raises(TfparError, match="search_routes.*sparse_route='auto'"):
+        tfpar.Config(search_routes=True)
+    with pytest.raises(TfparError, match="True or False"):
+        tfpar.Config(sparse_route="auto", search_routes="yes")
+    tfpar.Config(sparse_route={"emb": "ps"}, search_routes=True)

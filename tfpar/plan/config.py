@@ -83,6 +83,13 @@ class Config:
         "tiled" variables are split as it says. The runtime plan shows each split
         weight's tiling, the tile each worker holds and the bytes its layer moves.
       tiling_min_bytes: the smallest weight "auto" splits (default 1 MiB).
+      search_routes: with sparse_route "auto" (or a dict that leaves variables to it),
+        time the routes in the job instead of trusting the cost model alone: the model's
+        choice, then every measured variable on one route (each with local aggregation on
+        and off when it is "auto"), the most promising `search_trials` of them, each run
+        for `search_steps` training steps in a trial runner of its own; the fastest
+        measured is kept and the plan lists every trial. Start-up takes longer (a graph
+        copy and session per trial), and a trial on the parameter servers starts them.
       search_trials, search_seconds: caps on the trials of one search and on its time.
       search_steps: (untimed, timed) training steps per trial.
       search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials
@@ -121,6 +128,7 @@ class Config:
     partitions: Optional[Union[int, Dict[str, int]]] = None
     local_aggregation: Union[bool, str] = True
     search_partitions: str = "auto"
+    search_routes: bool = False
     search_trials: int = 5
     search_seconds: float = 600.0
     search_steps: Tuple[int, int] = (5, 20)
@@ -222,6 +230,16 @@ class Config:
                                 " or a dict of variable name to 'ps', 'allreduce', "
                                 "'allgather' or 'sharded'")
                              + f", got {self.sparse_route!r}")
+        if not isinstance(self.search_routes, bool):
+            raise TfparError(f"Config.search_routes must be True or False, got "
+                             f"{self.search_routes!r}")
+        if self.search_routes and (self.run_mode != "HYBRID" or (
+                not isinstance(self.sparse_route, dict) and self.sparse_route != "auto")):
+            raise TfparError("Config.search_routes times the routes that sparse_route='auto' "
+                             "chooses between, in HYBRID mode; with "
+                             f"run_mode={self.run_mode!r} and sparse_route="
+                             f"{self.sparse_route!r} there is nothing to time: set "
+                             "sparse_route='auto' or leave search_routes False")
         if self.sparse_route != "ps" and self.run_mode != "HYBRID":
             raise TfparError(f"Config.sparse_route={self.sparse_route!r} chooses between the "
                              "parameter servers and Horovod, which only HYBRID mode mixes; "

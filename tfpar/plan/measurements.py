@@ -9,10 +9,10 @@ tfpar.runtime.trials); every decision taken from it is `make_plan`'s, and the pl
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 from tfpar.partition.counts.search import GroupDecision
-from tfpar.plan.routing import Links
+from tfpar.plan.routing import Links, RouteTrial
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +27,8 @@ class Measurements:
     measured per worker (0: the rows were not measured, only the links). partitions: {variable: parts} decided in the job for the
     partitioner's groups (they win over Config.partitions for those variables).
     partition_search: {group: how its count was decided}, for the plan to show.
+    routes, local_aggregation: what the fastest route trial ran (they win over density
+    routing's choice and "auto" aggregation); route_trials: every trial, for the plan.
     """
 
     links: Optional[Links] = None
@@ -36,3 +38,8 @@ class Measurements:
     steps: int = 0
     partitions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     partition_search: Mapping[str, GroupDecision] = dataclasses.field(default_factory=dict)
+    # Route trials (Config(search_routes=True)): the timed candidates, and the routes and
+    # local aggregation of the fastest, which overrule the cost model's choice.
+    route_trials: Tuple[RouteTrial, ...] = ()
+    routes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    local_aggregation: Optional[bool] = None

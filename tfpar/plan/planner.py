@@ -83,7 +83,11 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     sharded = {v.name for v in variables if v.route == "sharded" and v.slot_of is None}
     aggregated = bool(on_ps or sharded)
     wanted = config.local_aggregation
-    if wanted == "auto" and aggregated and len(layout.hosts) > 1 and config.sync:
+    if (wanted == "auto" and aggregated and len(layout.hosts) > 1 and config.sync
+            and measured.routes and measured.local_aggregation is not None):
+        wanted = measured.local_aggregation
+        notes.append(f"local aggregation {'on' if wanted else 'off'} (route trials)")
+    elif wanted == "auto" and aggregated and len(layout.hosts) > 1 and config.sync:
         decided = None
         if density is not None and aggregation_measured(config, layout):
             decided = decide_aggregation(plan, analysis, dict(measured.duplicates),
@@ -146,7 +150,11 @@ def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: M
         density = route_by_density(analysis, config, layout, dict(measured.alphas),
                                    measured.links, measured.steps, dict(measured.sent_rows),
                                    dict(measured.duplicates))
+    if density is not None and measured.routes:
+        density = _with_trial_routes(density, measured)
     sparse_routes = _sparse_routes(analysis, config, density, notes)
+    if density is not None:
+        notes.extend(f"route trial {k + 1}: {t.describe()}" for k, t in enumerate(density.trials))
     sparse = [name for name, r in sparse_routes.items() if r == "ps"]
     if config.run_mode == "HYBRID" and not sparse:
         mode = "AR"
@@ -157,6 +165,20 @@ def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: M
     on_ps = {v.name for v in analysis.trained
              if mode == "PS" or (mode == "HYBRID" and sparse_routes.get(v.name) == "ps")}
     return mode, on_ps, sparse_routes, density
+
+
+def _with_trial_routes(density: routing.Routing, measured: Measurements) -> routing.Routing:
+    """Density routing's decision with the routes a timed trial ran (the fastest of the
+    route trials, or the trial being run), each choice saying so."""
+    best = routing.fastest_trial(tuple(measured.route_trials))
+    why = (f"route trials: the fastest was {best.describe()}" if best is not None
+           else "a route trial")
+    choices = {}
+    for name, c in density.choices.items():
+        route = measured.routes.get(name, c.route)
+        reason = why if route == c.route else f"{why} (the model chose {c.route}: {c.reason})"
+        choices[name] = dataclasses.replace(c, route=route, reason=reason)
+    return dataclasses.replace(density, choices=choices, trials=tuple(measured.route_trials))
 
 
 def density_candidates(analysis: GraphAnalysis, config: Config) -> List[VariableInfo]:
@@ -176,21 +198,7 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
     shared: {name: rows per step the workers of a host touch in common, summed over hosts}
     (what local aggregation spares the servers' route; None: not measured)."""
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
-    # Local aggregation on the servers' and the sharded routes: on unless refused; its
-    # "auto" is decided with the routes (both are priced, the faster step taken).
-    aggregating = (config.local_aggregation is not False and config.sync
-                   and len(layout.hosts) > 1 and max(h.slots for h in layout.hosts) > 1)
-    candidates = []
-    for name, alpha in sorted(alphas.items()):
-        v = analysis.variable(name)
-        row_bytes = (v.nbytes or 0) // max(v.shape[0], 1)
-        saving = routing.aggregation_saving_s((shared or {}).get(name, 0.0), row_bytes,
-                                              len(layout.hosts), links) if aggregating else 0.0
-        candidates.append(routing.Candidate(
-            name, v.shape[0], row_bytes, alpha, len(v.updates),
-            sent_rows=(sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
-            sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
-            aggregation_s=saving))
+    candidates, aggregating = _candidates(analysis, config, layout, alphas, links, sent, shared)
     choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced),
                              aggregating)
     if aggregating and config.local_aggregation == "auto":
@@ -205,6 +213,96 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
         choices[name] = routing.RouteChoice(forced[name], None,
                                             reason="set by tfpar.Config(sparse_route=...)")
     return routing.Routing(links, choices, steps)
+
+
+def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
+                alphas: Dict[str, float], links: routing.Links,
+                sent: Optional[Dict[str, float]], shared: Optional[Dict[str, float]]):
+    """(the measured variables as density routing prices them, whether the hosts would
+    aggregate their pushes and row gradients). Local aggregation on the servers' and the
+    sharded routes is on unless refused; its "auto" is decided with the routes (both
+    priced, the faster step taken)."""
+    aggregating = (config.local_aggregation is not False and config.sync
+                   and len(layout.hosts) > 1 and max(h.slots for h in layout.hosts) > 1)
+    candidates = []
+    for name, alpha in sorted(alphas.items()):
+        v = analysis.variable(name)
+        row_bytes = (v.nbytes or 0) // max(v.shape[0], 1)
+        saving = routing.aggregation_saving_s((shared or {}).get(name, 0.0), row_bytes,
+                                              len(layout.hosts), links) if aggregating else 0.0
+        candidates.append(routing.Candidate(
+            name, v.shape[0], row_bytes, alpha, len(v.updates),
+            sent_rows=(sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
+            sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
+            aggregation_s=saving))
+    return tuple(candidates), aggregating
+
+
+# A set of routes the model predicts slower than CUTOFF x its best plus SLACK is not
+# timed (the model prices communication only, so a few ms are within its error).
+TRIAL_PREDICTION_CUTOFF = 4.0
+TRIAL_PREDICTION_SLACK_S = 0.02
+
+
+def route_trials(analysis: GraphAnalysis, config: Config, layout: Layout,
+                 measured: Measurements) -> Tuple[routing.RouteTrial, ...]:
+    """The sets of routes `Config(search_routes=True)` times in the job, the model's choice
+    first: then every measured variable on one route (where it can take it), with local
+    aggregation on and off where "auto" decides it and a route aggregates; ranked by the
+    model's step time, those over TRIAL_PREDICTION_CUTOFF x its best (plus
+    TRIAL_PREDICTION_SLACK_S) dropped, at most
+    `config.search_trials`. Empty when density routing has nothing to decide."""
+    if measured.links is None or not measured.steps or not measured.alphas:
+        return ()
+    links, n = measured.links, layout.num_workers
+    forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
+    candidates, aggregating = _candidates(analysis, config, layout, dict(measured.alphas),
+                                          links, dict(measured.sent_rows),
+                                          dict(measured.duplicates))
+    plain = tuple(dataclasses.replace(c, aggregation_s=0.0) for c in candidates)
+    allowed = {c.name: routing.allowed_routes(c, n) for c in candidates}
+
+    def predicted(routes, aggregation):
+        choices = routing.decide(candidates if aggregation else plain, n, links,
+                                 {**forced, **routes}, aggregation)
+        return routing.predicted_step_s(choices, links, aggregation, tuple(forced.values()))
+
+    def variants(routes):
+        if not aggregating or not set(routes.values()) & {"ps", "sharded"}:
+            return [None]
+        return [True, False] if config.local_aggregation == "auto" else [None]
+
+    def label(routes, aggregation):
+        counts = {r: sum(1 for x in routes.values() if x == r) for r in routing.SPARSE_ROUTES}
+        text = ", ".join(f"{r} x{k}" for r, k in counts.items() if k)
+        return text + ("" if aggregation is None else
+                       f", aggregation {'on' if aggregation else 'off'}")
+
+    model = route_by_density(analysis, config, layout, dict(measured.alphas), links,
+                             measured.steps, dict(measured.sent_rows), dict(measured.duplicates))
+    chosen = {name: c.route for name, c in model.choices.items() if name not in forced}
+    aggregation = None  # the model's, where "auto" decides it for these routes
+    if variants(chosen) != [None]:
+        aggregation = make_plan(analysis, config, layout, measured).local_aggregation
+    first = routing.RouteTrial(
+        "the model's choice: " + label(chosen, aggregation), chosen, aggregation,
+        predicted(chosen, aggregating if aggregation is None else aggregation))
+    seen, others = {(tuple(sorted(chosen.items())), aggregation)}, []
+    for route in routing.SPARSE_ROUTES:
+        routes = routing.uniform_routes({k: model.choices[k] for k in chosen}, route, allowed)
+        for aggregation in variants(routes):
+            key = (tuple(sorted(routes.items())), aggregation)
+            if key in seen:
+                continue
+            seen.add(key)
+            others.append(routing.RouteTrial(
+                label(routes, aggregation), routes, aggregation,
+                predicted(routes, aggregating if aggregation is None else aggregation)))
+    best = min([first.predicted_s] + [t.predicted_s for t in others])
+    cutoff = TRIAL_PREDICTION_CUTOFF * best + TRIAL_PREDICTION_SLACK_S
+    others = sorted((t for t in others if t.predicted_s <= cutoff),
+                    key=lambda t: t.predicted_s)
+    return (first,) + tuple(others[:max(config.search_trials - 1, 0)])
 
 
 def aggregation_measured(config: Config, layout: Layout) -> bool:

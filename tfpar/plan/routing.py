@@ -151,14 +151,37 @@ class Aggregation:
 
 
 @dataclasses.dataclass(frozen=True)
+class RouteTrial:
+    """One set of routes timed in the job (`Config(search_routes=True)`).
+
+    routes: {sparse variable: route} of the variables density routing decides;
+    aggregation: local aggregation on or off (None: as the config and the model decide);
+    predicted_s: the cost model's step time for them; measured_s: the mean step time of
+    the trial over the workers (None: not run, or it failed).
+    """
+
+    label: str
+    routes: Dict[str, str]
+    aggregation: Optional[bool]
+    predicted_s: float
+    measured_s: Optional[float] = None
+
+    def describe(self) -> str:
+        took = "failed" if self.measured_s is None else f"{1e3 * self.measured_s:.2f} ms/step"
+        return f"{self.label}: predicted {1e3 * self.predicted_s:.2f} ms, measured {took}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Routing:
     """What tfpar measured in the job and decided from it (kept in the Plan): density
-    routing's choice per sparse variable and local aggregation's."""
+    routing's choice per sparse variable and local aggregation's, and the route trials
+    that overruled the model (`Config(search_routes=True)`)."""
 
     links: Optional[Links]
     choices: Dict[str, RouteChoice]
     steps: int = 0  # steps measured per worker
     aggregation: Optional[Aggregation] = None
+    trials: Tuple[RouteTrial, ...] = ()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -167,7 +190,21 @@ class Routing:
     def from_dict(cls, d: dict) -> "Routing":
         return cls(Links(**d["links"]) if d.get("links") else None,
                    {k: RouteChoice(**c) for k, c in d["choices"].items()}, d.get("steps", 0),
-                   Aggregation(**d["aggregation"]) if d.get("aggregation") else None)
+                   Aggregation(**d["aggregation"]) if d.get("aggregation") else None,
+                   tuple(RouteTrial(**t) for t in d.get("trials", ())))
+
+
+def fastest_trial(trials: Tuple[RouteTrial, ...]) -> Optional[RouteTrial]:
+    """The trial with the least measured step time (ties: the earlier, i.e. the model's
+    choice first); None when none ran."""
+    ran = [t for t in trials if t.measured_s is not None]
+    return min(ran, key=lambda t: t.measured_s) if ran else None
+
+
+def uniform_routes(choices: Dict[str, RouteChoice], route: str,
+                   allowed: Dict[str, Tuple[str, ...]]) -> Dict[str, str]:
+    """Every variable on `route` where it may take it, the others on their chosen route."""
+    return {name: route if route in allowed[name] else c.route for name, c in choices.items()}
 
 
 def allreduce_bytes(c: Candidate, n: int) -> float:
@@ -195,6 +232,12 @@ def sharded_bytes(c: Candidate, n: int) -> float:
     return cost.sharded_bytes(rows * c.row_bytes, rows * INDEX_BYTES, n)
 
 
+def allowed_routes(c: Candidate, n: int) -> Tuple[str, ...]:
+    """The routes `c` can take exactly on n workers, in the order ties go."""
+    return tuple(r for r in _ORDER if (r != "allreduce" or c.dense_route)
+                 and (r != "sharded" or (c.sharded_route and c.rows >= n)))
+
+
 def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
            forced: Optional[Dict[str, str]] = None,
            aggregation: bool = False) -> Dict[str, RouteChoice]:
@@ -218,9 +261,7 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     times = {c.name: {"allreduce": links.allreduce_s(c, n), "ps": links.ps_s(c, n),
                       "allgather": links.allgather_s(c, n), "sharded": links.sharded_s(c, n)}
              for c in candidates}
-    allowed = {c.name: tuple(r for r in _ORDER if (r != "allreduce" or c.dense_route)
-                             and (r != "sharded" or (c.sharded_route and c.rows >= n)))
-               for c in candidates}
+    allowed = {c.name: allowed_routes(c, n) for c in candidates}
     fixed = fixed_costs(links, aggregation)
     paid = set(forced.values())
     free = [c.name for c in candidates if c.name not in forced]

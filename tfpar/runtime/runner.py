@@ -21,7 +21,8 @@ from tfpar.errors import raise_blockers, TfparError, summary
 from tfpar.plan import Plan
 from tfpar.runtime.measure import measure
 from tfpar.plan.measurements import Measurements
-from tfpar.plan.planner import auto_tiles, make_plan
+from tfpar.plan.planner import auto_tiles, make_plan, route_trials
+from tfpar.plan.routing import fastest_trial
 from tfpar.plan.layout import parse_resources, reconcile
 from tfpar.runtime.sharding import with_shard_values
 from tfpar.transform import stages, surgery
@@ -57,8 +58,10 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     requested = parse_resources(resources)
     meta, source, analysis = _read(graph, config)
     layout = _join(requested, config)
-    measured = _partition_counts(meta, source, analysis, config, layout,
-                                 measure(meta, analysis, config, layout))
+    measured = measure(meta, analysis, config, layout)
+    if config.search_routes:
+        measured = _route_trials(meta, source, analysis, config, layout, measured)
+    measured = _partition_counts(meta, source, analysis, config, layout, measured)
     plan = make_plan(analysis, config, layout, measured)  # every decision, once
     if config.tiling:
         plan = _split(plan, config, source, analysis, layout, measured)
@@ -136,6 +139,36 @@ def _split(plan: Plan, config: Config, graph: tf.Graph, analysis, layout,
         return dataclasses.replace(plan, notes=plan.notes + (f"tiling auto: nothing split ({e})",))
     split, why = auto_tiles(plan, planned, config.tiling_min_bytes, layer_bytes)
     return with_chains(dataclasses.replace(split, tiling=planned, notes=split.notes + tuple(why)))
+
+
+def _route_trials(meta, graph, analysis, config: Config, layout,
+                  measured: Measurements) -> Measurements:
+    """`measured` with the routes and local aggregation of the fastest route trial
+    (`Config(search_routes=True)`): each candidate of `planner.route_trials` planned,
+    started and timed like a partition trial; the mean over workers decides."""
+    warmup, steps = config.search_steps
+    step_ops = trials.training_step(graph, analysis)
+    began, done = time.time(), []
+    for k, t in enumerate(route_trials(analysis, config, layout, measured)):
+        if k and trials.agree_float(time.time() - began) > config.search_seconds:
+            trials.log(f"route trials: time cap of {config.search_seconds:.0f} s reached")
+            break
+        candidate = dataclasses.replace(measured, routes=t.routes,
+                                        local_aggregation=t.aggregation)
+        trial = _start(meta, make_plan(analysis, config, layout, candidate), config, layout,
+                       graph, trial=True)
+        try:
+            step = trials.agree_mean(trials.timed_steps(trial, step_ops, config.search_feed,
+                                                        warmup, steps, "route trials"))
+        finally:
+            trial.release()
+        done.append(dataclasses.replace(t, measured_s=step))
+        trials.log(f"route trial {k + 1}: {done[-1].describe()}")
+    best = fastest_trial(tuple(done))
+    if best is None:
+        return measured
+    return dataclasses.replace(measured, route_trials=tuple(done), routes=best.routes,
+                               local_aggregation=best.aggregation)
 
 
 def _partition_counts(meta, graph, analysis, config: Config, layout,

@@ -91,18 +91,18 @@ def decide(groups: Dict[str, Group], analysis, config, layout, key: str,
         search = PartitionSearch(start, lower, upper, config.search_trials)
         began = time.time()
         while (p := search.propose()) is not None:
-            if _agree_float(time.time() - began) > config.search_seconds:
-                _log(f"partition search: time cap of {config.search_seconds:.0f} s reached")
+            if agree_float(time.time() - began) > config.search_seconds:
+                log(f"partition search: time cap of {config.search_seconds:.0f} s reached")
                 break
-            step = _agree_mean(run_trial({**others, **{n: p for n in names}}))
+            step = agree_mean(run_trial({**others, **{n: p for n in names}}))
             search.record(p, step)
             left = config.search_trials - len(search.samples)
-            _log(f"partition search for {', '.join(names)}: trial {len(search.samples)}: "
+            log(f"partition search for {', '.join(names)}: trial {len(search.samples)}: "
                  f"P={p}: " + ("failed" if step is None else f"{step * 1e3:.2f} ms/step")
                  + f"; at most {left} more")
         result = search.result()
         decisions[gid] = GroupDecision(names, result.partitions, "searched", result)
-        _log(f"partition search for {', '.join(names)}: {result.describe()}")
+        log(f"partition search for {', '.join(names)}: {result.describe()}")
     if any(d.source == "searched" for d in decisions.values()):
         _store(config, key, decisions)
     return decisions
@@ -145,7 +145,7 @@ def resolve_counts(graph, meta, analysis, config, layout, measured: Measurements
 
 
 def timed_steps(runner, fetches, feed: Optional[Callable[[int], dict]], warmup: int,
-                measured: int) -> Optional[float]:
+                measured: int, search: str = "partition search") -> Optional[float]:
     """Mean seconds per training step after `warmup` steps (None: the trial failed)."""
     options = tf.compat.v1.RunOptions(timeout_in_ms=_TRIAL_STEP_TIMEOUT_MS)
     try:
@@ -154,14 +154,16 @@ def timed_steps(runner, fetches, feed: Optional[Callable[[int], dict]], warmup: 
                 start = time.time()
             runner.run(fetches, feed_dict=feed(i) if feed else None, options=options)
     except (tf.errors.ResourceExhaustedError, tf.errors.DeadlineExceededError) as e:
-        _log(f"partition search: trial failed ({type(e).__name__})")
+        log(f"{search}: trial failed ({type(e).__name__})")
         return None
     except tf.errors.InvalidArgumentError as e:
         if "must feed a value for placeholder" in e.message:
             raise TfparError(
-                "the partition search runs training steps itself, and this graph needs "
+                f"the {search} runs training steps itself, and this graph needs "
                 "feeds: give tfpar.Config(search_feed=lambda step: {placeholder: value, ...}) "
-                "or fix the count with tfpar.Config(partitions=...)") from None
+                + ("or fix the count with tfpar.Config(partitions=...)"
+                   if search == "partition search" else
+                   "or leave tfpar.Config(search_routes=False)")) from None
         raise
     return (time.time() - start) / measured
 
@@ -246,17 +248,17 @@ def _agree(value):
     return json.loads(job.allgather_strings(json.dumps(value))[0])
 
 
-def _agree_float(x: float) -> float:
+def agree_float(x: float) -> float:
     return max(float(s) for s in job.allgather_strings(repr(x)))
 
 
-def _agree_mean(step: Optional[float]) -> Optional[float]:
+def agree_mean(step: Optional[float]) -> Optional[float]:
     """The mean step time over workers; a trial that failed anywhere failed."""
     times = [json.loads(s) for s in job.allgather_strings(json.dumps(step))]
     return None if any(t is None for t in times) else sum(times) / len(times)
 
 
-def _log(text: str) -> None:
+def log(text: str) -> None:
     if job.horovod().rank() == 0:
         sys.stderr.write(f"tfpar: {text}\n")
         sys.stderr.flush()
