@@ -113,6 +113,8 @@ def main():
     p.add_argument("--search-routes", action="store_true",
                    help="with --sparse-route auto: time the most promising sets of routes "
                    "in the job and keep the fastest (tfpar.Config(search_routes=True))")
+    p.add_argument("--search-trials", type=int, default=5,
+                   help="at most this many route trials (with --search-routes)")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--json", help="write the timing and traffic summary here (worker 0)")
     args = p.parse_args()
@@ -123,7 +125,7 @@ def main():
                           local_aggregation={"on": True, "off": False, "auto": "auto"}[
                               args.local_aggregation
                               or ("off" if args.no_local_aggregation else "on")],
-                          search_routes=args.search_routes)
+                          search_routes=args.search_routes, search_trials=args.search_trials)
     with tfpar.get_runner(graph, config=config) as runner:              # tfpar line 2 of 2
         if runner.is_chief:
             print(runner.plan, flush=True)

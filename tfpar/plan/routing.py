@@ -156,8 +156,8 @@ class RouteTrial:
 
     routes: {sparse variable: route} of the variables density routing decides;
     aggregation: local aggregation on or off (None: as the config and the model decide);
-    predicted_s: the cost model's step time for them; measured_s: the mean step time of
-    the trial over the workers (None: not run, or it failed).
+    predicted_s: the cost model's step time for them; measured_s: the trial's median step
+    time, averaged over the workers (None: not run, or it failed).
     """
 
     label: str

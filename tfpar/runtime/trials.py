@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfpar.runtime import job
@@ -146,13 +147,18 @@ def resolve_counts(graph, meta, analysis, config, layout, measured: Measurements
 
 def timed_steps(runner, fetches, feed: Optional[Callable[[int], dict]], warmup: int,
                 measured: int, search: str = "partition search") -> Optional[float]:
-    """Mean seconds per training step after `warmup` steps (None: the trial failed)."""
+    """The median seconds of the `measured` training steps after `warmup` untimed ones
+    (None: the trial failed). The median, not the mean: a fresh session's first steps
+    (graph optimisation, allocators, a parameter server's channels) can stay slow for
+    longer than the warm-up, and another process's hiccup lands in one step."""
     options = tf.compat.v1.RunOptions(timeout_in_ms=_TRIAL_STEP_TIMEOUT_MS)
+    times = []
     try:
         for i in range(warmup + measured):
-            if i == warmup:
-                start = time.time()
+            start = time.time()
             runner.run(fetches, feed_dict=feed(i) if feed else None, options=options)
+            if i >= warmup:
+                times.append(time.time() - start)
     except (tf.errors.ResourceExhaustedError, tf.errors.DeadlineExceededError) as e:
         log(f"{search}: trial failed ({type(e).__name__})")
         return None
@@ -165,7 +171,7 @@ def timed_steps(runner, fetches, feed: Optional[Callable[[int], dict]], warmup: 
                    if search == "partition search" else
                    "or leave tfpar.Config(search_routes=False)")) from None
         raise
-    return (time.time() - start) / measured
+    return float(np.median(times))
 
 
 def training_step(graph: tf.Graph, analysis) -> List[str]:

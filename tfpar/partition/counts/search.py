@@ -25,7 +25,7 @@ from tfpar.errors import TfparError
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """One trial: a partition count and its mean step time in seconds (None: it failed)."""
+    """One trial: a partition count and its step time in seconds (each worker's median, averaged; None: it failed)."""
 
     partitions: int
     step_time: Optional[float]
