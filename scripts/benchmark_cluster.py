@@ -278,6 +278,9 @@ def main():
     p.add_argument("--render", metavar="JSON",
                    help="write the tables and plot of an earlier run's results; run nothing")
     args = p.parse_args()
+    if args.warmup < 1 or args.steps % args.warmup:
+        p.error("--steps must be a multiple of --warmup: each job logs every --warmup steps, "
+                "and the wire bytes are read at the warm-up's log line and the last one")
     args.out = args.out or results_dir(args.name)
     if args.model != "lm" and set(args.systems) & {"horovod", "horovod_sparse_as_dense",
                                                    "tf_ps"}:
