@@ -161,9 +161,10 @@ def main():
                    "(default), through a dense allreduce or Horovod's allgather, their rows "
                    "sharded over the workers (all-to-all), or routed by their measured "
                    "density")
-    p.add_argument("--search-routes", action="store_true",
+    p.add_argument("--search-routes", nargs="?", const="on", choices=("on", "force"),
                    help="with --sparse-route auto: time the most promising sets of routes "
-                   "in the job and keep the fastest (tfpar.Config(search_routes=True))")
+                   "in the job and keep the fastest (tfpar.Config(search_routes=True); "
+                   "remembered for the next run), or 'force': time them again")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
     p.add_argument("--threads", type=int, help="TensorFlow intra-op threads per worker "
@@ -180,7 +181,8 @@ def main():
                               args.local_aggregation or ("off" if args.no_local_aggregation
                                                          else "on")],
                           sparse_route=args.sparse_route, sync=not args.asynchronous,
-                          search_routes=args.search_routes,
+                          search_routes={None: False, "on": True, "force": "force"}[
+                              args.search_routes],
                           session_config=session_config(args.threads),
                           search_trials=args.search_trials,
                           search_partitions="force" if args.search_again else "auto")

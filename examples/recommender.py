@@ -110,9 +110,10 @@ def main():
     p.add_argument("--local-aggregation", choices=("on", "off", "auto"),
                    help="sum a host's row gradients (and de-duplicate its lookups) before "
                         "they cross its link; auto: measured")
-    p.add_argument("--search-routes", action="store_true",
+    p.add_argument("--search-routes", nargs="?", const="on", choices=("on", "force"),
                    help="with --sparse-route auto: time the most promising sets of routes "
-                   "in the job and keep the fastest (tfpar.Config(search_routes=True))")
+                   "in the job and keep the fastest (tfpar.Config(search_routes=True); "
+                   "remembered for the next run), or 'force': time them again")
     p.add_argument("--search-trials", type=int, default=5,
                    help="at most this many route trials (with --search-routes)")
     p.add_argument("--log-every", type=int, default=10)
@@ -125,7 +126,8 @@ def main():
                           local_aggregation={"on": True, "off": False, "auto": "auto"}[
                               args.local_aggregation
                               or ("off" if args.no_local_aggregation else "on")],
-                          search_routes=args.search_routes, search_trials=args.search_trials)
+                          search_routes={None: False, "on": True, "force": "force"}[
+                              args.search_routes], search_trials=args.search_trials)
     with tfpar.get_runner(graph, config=config) as runner:              # tfpar line 2 of 2
         if runner.is_chief:
             print(runner.plan, flush=True)

@@ -189,8 +189,10 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm"):
                    "sharded_direct": ["--sparse-route", "sharded", "--no-local-aggregation"],
                    "ps": ["--sparse-route", "ps"],
                    "direct": ["--no-local-aggregation"],
+                   # "force": each job times its own (a remembered result would be
+                   # another link rate's: the emulated hosts keep their names)
                    "trials": ["--sparse-route", "auto", "--local-aggregation", "auto",
-                              "--search-routes"],
+                              "--search-routes", "force"],
                    "measured": ["--sparse-route", "auto", "--local-aggregation", "auto"]
                    if mode == "HYBRID" else ["--local-aggregation", "auto"]}[variant]
     elif system == "tf_ps":

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 
 from tests.support import models
@@ -33,6 +34,8 @@ def sc(name, optimizer, config, partitions=2, **extra):
 
 
 ALL = {"sparse_route": "allreduce"}
+TRIALS = {"sparse_route": "auto", "local_aggregation": "auto", "search_trials": 3,
+          "search_steps": [1, 2]}
 SCENARIOS_2 = [
     sc("allreduce_sgd", "sgd", ALL),
     sc("allreduce_momentum", "momentum", ALL, partitions=3),
@@ -49,10 +52,11 @@ SCENARIOS_2 = [
 ]
 SCENARIOS_4 = [
     sc("allreduce_adam", "adam", ALL, partitions=3),
-    # Route trials: the model's choice and the two sets of routes it ranks next, timed.
-    sc("trials_adagrad", "adagrad", {"sparse_route": "auto", "local_aggregation": "auto",
-                                     "search_routes": True, "search_trials": 3,
-                                     "search_steps": [1, 2]}, feed_trials=True),
+    # Route trials: the model's choice and the two sets of routes it ranks next, timed
+    # ("force": whatever an earlier run remembered); then the same graph and settings
+    # again: the trials are remembered, not timed.
+    sc("trials_adagrad", "adagrad", {**TRIALS, "search_routes": "force"}, feed_trials=True),
+    sc("trials_remembered", "adagrad", {**TRIALS, "search_routes": True}, feed_trials=True),
     sc("mixed_adagrad", "adagrad", {"sparse_route": {"emb/part_0": "ps", "emb/part_1": "ps",
                                                      "shared": "allreduce"}}),
     sc("mixed_momentum_allgather", "momentum",
@@ -77,6 +81,8 @@ def _check_routes(ranks, scenario):
     used = {routes[n] for n in sparse}
     trials = plan["routing"]["trials"] if plan.get("routing") else []
     if trials:  # the routes (and aggregation) of the fastest trial, whatever the model said
+        assert plan["routing"]["trials_remembered"] is (
+            scenario["config"]["search_routes"] is True), plan["routing"]
         assert len(trials) == scenario["config"]["search_trials"], trials
         ran = [t for t in trials if t["measured_s"] is not None]
         fastest = min(ran, key=lambda t: t["measured_s"])
@@ -115,6 +121,19 @@ def _check_routes(ranks, scenario):
 
 test_two_workers_equal_single_device, test_two_hosts_of_two_workers_equal_single_device = \
     equal_single_device_tests(SCENARIOS_2, SCENARIOS_4, also=_check_routes)
+
+
+def test_a_second_job_reuses_the_remembered_route_trials(results4):
+    """The same graph, layout and settings: the second runner took the first one's trials
+    (search_cache) instead of timing them again, and the same routes."""
+    def routing_of(name):
+        data = np.load(os.path.join(str(results4), name, "rank0.npz"))
+        return json.loads(str(data["plan"]))["routing"]
+    timed, again = routing_of("trials_adagrad"), routing_of("trials_remembered")
+    assert not timed["trials_remembered"] and again["trials_remembered"]
+    assert again["trials"] == timed["trials"]
+    assert {n: c["route"] for n, c in again["choices"].items()} == {
+        n: c["route"] for n, c in timed["choices"].items()}
 
 
 # -- the LM example: measured alpha decides -----------------------------------------------------

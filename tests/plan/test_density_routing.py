@@ -385,11 +385,18 @@ def test_the_fastest_route_trial_overrules_the_model_and_the_plan_shows_every_tr
         assert plan.local_aggregation is False
         assert "local aggregation off (route trials)" in plan.notes
     assert tfpar.Plan.from_json(plan.to_json()) == plan
+    assert not plan.routing.trials_remembered
+    again = make_plan(analysis, config, layout, dataclasses.replace(
+        measured, route_trials=timed, routes=timed[1].routes, local_aggregation=False,
+        routes_remembered=True))
+    assert again.routing.trials_remembered and again.variable("emb").route == other
+    assert any(n.startswith("route trials remembered") for n in again.notes)
 
 
 def test_search_routes_needs_something_to_time():
     with pytest.raises(TfparError, match="search_routes.*sparse_route='auto'"):
         tfpar.Config(search_routes=True)
-    with pytest.raises(TfparError, match="True or False"):
+    with pytest.raises(TfparError, match="True, False or 'force'"):
         tfpar.Config(sparse_route="auto", search_routes="yes")
     tfpar.Config(sparse_route={"emb": "ps"}, search_routes=True)
+    tfpar.Config(sparse_route="auto", search_routes="force")

@@ -90,11 +90,14 @@ class Config:
         for `search_steps` training steps in a trial runner of its own; the fastest
         measured is kept and the plan lists every trial. Start-up takes longer (a graph
         copy and session per trial), and a trial on the parameter servers starts them.
+        The trials are remembered in `search_cache` for this graph, layout and settings
+        and reused by the next job; "force" times them again (new links, new machines).
       search_trials, search_seconds: caps on the trials of one search and on its time.
       search_steps: (untimed, timed) training steps per trial.
       search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials
         (and for the density measurement of sparse_route="auto").
-      search_cache: folder of remembered searches (default ~/.cache/tfpar/partitions).
+      search_cache: folder of remembered partition searches and route trials (default
+        ~/.cache/tfpar/partitions).
       liveness_timeout: seconds without a heartbeat after which a worker or parameter
         server that stopped responding (not dead: stopped, swapping, cut off) is named
         and the job stops (a dead process is noticed at once). Also how long every rank
@@ -128,7 +131,7 @@ class Config:
     partitions: Optional[Union[int, Dict[str, int]]] = None
     local_aggregation: Union[bool, str] = True
     search_partitions: str = "auto"
-    search_routes: bool = False
+    search_routes: Union[bool, str] = False
     search_trials: int = 5
     search_seconds: float = 600.0
     search_steps: Tuple[int, int] = (5, 20)
@@ -230,8 +233,8 @@ class Config:
                                 " or a dict of variable name to 'ps', 'allreduce', "
                                 "'allgather' or 'sharded'")
                              + f", got {self.sparse_route!r}")
-        if not isinstance(self.search_routes, bool):
-            raise TfparError(f"Config.search_routes must be True or False, got "
+        if not isinstance(self.search_routes, bool) and self.search_routes != "force":
+            raise TfparError(f"Config.search_routes must be True, False or 'force', got "
                              f"{self.search_routes!r}")
         if self.search_routes and (self.run_mode != "HYBRID" or (
                 not isinstance(self.sparse_route, dict) and self.sparse_route != "auto")):

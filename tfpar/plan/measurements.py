@@ -43,3 +43,4 @@ class Measurements:
     route_trials: Tuple[RouteTrial, ...] = ()
     routes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     local_aggregation: Optional[bool] = None
+    routes_remembered: bool = False  # the trials are an earlier job's, not timed now

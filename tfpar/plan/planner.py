@@ -154,6 +154,9 @@ def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: M
         density = _with_trial_routes(density, measured)
     sparse_routes = _sparse_routes(analysis, config, density, notes)
     if density is not None:
+        if density.trials_remembered:
+            notes.append("route trials remembered from an earlier job of this graph and "
+                         "layout (search_routes='force' times them again)")
         notes.extend(f"route trial {k + 1}: {t.describe()}" for k, t in enumerate(density.trials))
     sparse = [name for name, r in sparse_routes.items() if r == "ps"]
     if config.run_mode == "HYBRID" and not sparse:
@@ -178,7 +181,8 @@ def _with_trial_routes(density: routing.Routing, measured: Measurements) -> rout
         route = measured.routes.get(name, c.route)
         reason = why if route == c.route else f"{why} (the model chose {c.route}: {c.reason})"
         choices[name] = dataclasses.replace(c, route=route, reason=reason)
-    return dataclasses.replace(density, choices=choices, trials=tuple(measured.route_trials))
+    return dataclasses.replace(density, choices=choices, trials=tuple(measured.route_trials),
+                               trials_remembered=measured.routes_remembered)
 
 
 def density_candidates(analysis: GraphAnalysis, config: Config) -> List[VariableInfo]:

@@ -182,6 +182,7 @@ class Routing:
     steps: int = 0  # steps measured per worker
     aggregation: Optional[Aggregation] = None
     trials: Tuple[RouteTrial, ...] = ()
+    trials_remembered: bool = False  # an earlier job's trials (search_cache), not timed now
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -191,7 +192,8 @@ class Routing:
         return cls(Links(**d["links"]) if d.get("links") else None,
                    {k: RouteChoice(**c) for k, c in d["choices"].items()}, d.get("steps", 0),
                    Aggregation(**d["aggregation"]) if d.get("aggregation") else None,
-                   tuple(RouteTrial(**t) for t in d.get("trials", ())))
+                   tuple(RouteTrial(**t) for t in d.get("trials", ())),
+                   d.get("trials_remembered", False))
 
 
 def fastest_trial(trials: Tuple[RouteTrial, ...]) -> Optional[RouteTrial]:

@@ -22,7 +22,7 @@ from tfpar.plan import Plan
 from tfpar.runtime.measure import measure
 from tfpar.plan.measurements import Measurements
 from tfpar.plan.planner import auto_tiles, make_plan, route_trials
-from tfpar.plan.routing import fastest_trial
+from tfpar.plan.routing import RouteTrial, fastest_trial
 from tfpar.plan.layout import parse_resources, reconcile
 from tfpar.runtime.sharding import with_shard_values
 from tfpar.transform import stages, surgery
@@ -145,7 +145,20 @@ def _route_trials(meta, graph, analysis, config: Config, layout,
                   measured: Measurements) -> Measurements:
     """`measured` with the routes and local aggregation of the fastest route trial
     (`Config(search_routes=True)`): each candidate of `planner.route_trials` planned,
-    started and timed like a partition trial; the mean over workers decides."""
+    started and timed like a partition trial; the mean over workers decides. The trials
+    are remembered (`search_cache`) for this graph, layout and settings; "force" times
+    them again."""
+    key = trials.route_cache_key(meta, analysis, layout, config)
+    if config.search_routes != "force":
+        record = trials.remembered_record(config, key)
+        done = tuple(RouteTrial(**t) for t in (record or {}).get("trials", ()))
+        best = fastest_trial(done)
+        if best is not None:
+            trials.log(f"route trials: remembered ({best.describe()}); "
+                       "search_routes='force' times them again")
+            return dataclasses.replace(measured, route_trials=done, routes=best.routes,
+                                       local_aggregation=best.aggregation,
+                                       routes_remembered=True)
     warmup, steps = config.search_steps
     step_ops = trials.training_step(graph, analysis)
     began, done = time.time(), []
@@ -170,6 +183,7 @@ def _route_trials(meta, graph, analysis, config: Config, layout,
     best = fastest_trial(tuple(done))
     if best is None:
         return measured
+    trials.store_record(config, key, {"trials": [dataclasses.asdict(t) for t in done]})
     return dataclasses.replace(measured, route_trials=tuple(done), routes=best.routes,
                                local_aggregation=best.aggregation)
 

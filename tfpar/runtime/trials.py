@@ -212,6 +212,39 @@ def cache_key(meta, analysis, layout, groups: Dict[str, Group], mode: str) -> st
     return h.hexdigest()[:24]
 
 
+def route_cache_key(meta, analysis, layout, config) -> str:
+    """A digest of what route trials depend on besides the links: the graph's ops, the
+    variables' shapes, the layout, and the settings that shape the candidates and their
+    timing (not `search_routes` itself, so "force" and True share a record)."""
+    h = hashlib.sha256(b"routes")
+    for node in sorted((n.name, n.op) for n in meta.graph_def.node):
+        h.update(repr(node).encode())
+    for v in analysis.variables:
+        h.update(repr((v.name, v.shape, v.dtype)).encode())
+    route = (sorted(config.sparse_route.items()) if isinstance(config.sparse_route, dict)
+             else config.sparse_route)
+    h.update(repr(([(x.name, x.slots) for x in layout.hosts], config.run_mode, route,
+                   config.local_aggregation, config.sync, config.search_trials,
+                   tuple(config.search_steps))).encode())
+    return "routes-" + h.hexdigest()[:24]
+
+
+def remembered_record(config, key: str) -> Optional[dict]:
+    """Worker 0's remembered record for `key` on every worker (None: none)."""
+    return _agree(_load(config, key))
+
+
+def store_record(config, key: str, record: dict) -> None:
+    """Worker 0 writes `record` for `key` (atomically: a crash leaves the old one)."""
+    if job.horovod().rank() != 0:
+        return
+    path = cache_path(config, key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"key": key, **record}, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def cache_path(config, key: str) -> str:
     return os.path.join(config.search_cache or DEFAULT_CACHE, key + ".json")
 
@@ -238,15 +271,8 @@ def _load(config, key: str) -> Optional[dict]:
 
 
 def _store(config, key: str, decisions: Dict[str, GroupDecision]) -> None:
-    if job.horovod().rank() != 0:
-        return
-    path = cache_path(config, key)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    record = {"key": key, "groups": {gid: d.to_dict() for gid, d in decisions.items()
-                                     if d.search is not None}}
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
+    store_record(config, key, {"groups": {gid: d.to_dict() for gid, d in decisions.items()
+                                          if d.search is not None}})
 
 
 def _agree(value):
