@@ -1,13 +1,15 @@
 """Where a training step's time goes: traced steps of the LM, by kind of work.
 
     sudo .venv/bin/python -m scripts.step_breakdown [--batch 128] [--vocab 200000]
-        [--rate 1gbit] [--systems HYBRID AR PS HYBRID_async]
+        [--rate 1gbit] [--systems HYBRID AR PS HYBRID_async HYBRID_sharded ...]
+        [--env HOROVOD_CYCLE_TIME=0.5]
 
 Runs examples/lm.py's graph under tfpar on 2 emulated hosts x 2 workers (`tfpar.testing.emulate`)
 and traces steps on every worker with TensorFlow's RunMetadata (FULL_TRACE). Each traced
 op is put in a kind: Horovod collectives, parameter-server reads (the gathers on the PS
 and their transfers), pushes (accumulator applies), the chief's take and update, the
-wait for the token, and the model's own compute. Per kind: the busy time in the step
+wait for the token, the sharded route's own ops (its collectives count as Horovod's), and
+the model's own compute. Per kind: the busy time in the step
 (union of its ops' intervals on all devices of the step) and the number of exchanges
 (cross-process transfers and collectives) per step. Writes docs/results/step_breakdown/step_breakdown.md.
 """
@@ -26,14 +28,21 @@ from tfpar.testing.launch import horovodrun_command  # noqa: E402
 from scripts.report import invocation, results_dir  # noqa: E402
 
 KINDS = ("compute", "horovod", "ps_read", "push", "chief_take_apply", "token_wait",
-         "transfer", "other_tfpar")
+         "transfer", "sharded", "other_tfpar")
+# The sparse route of each system (the LM's default: the parameter servers).
+ROUTES = {"HYBRID_sharded": "sharded", "HYBRID_sharded_direct": "sharded",
+          "HYBRID_allgather": "allgather", "HYBRID_measured": "auto"}
 
 
-def kind_of(node: str, device: str) -> str:
+def kind_of(node: str, device: str, label: str = "") -> str:
     name = node.split(":")[0]
-    if name.startswith("Horovod") or "/Horovod" in name or "allreduce" in name.lower() \
-            or "allgather" in name.lower():
+    if " = Horovod" in label:  # a collective named by its caller (the sharded exchanges)
         return "horovod"
+    if name.startswith("Horovod") or "/Horovod" in name or "allreduce" in name.lower() \
+            or "allgather" in name.lower() or "alltoall" in name.lower():
+        return "horovod"
+    if name.startswith("tfpar/sharded/"):  # the route's own ops: ids, rows, the owners' apply
+        return "sharded"
     if name.startswith(("_Recv", "_Send", "RecvTensor")) or name in ("_Recv", "_Send"):
         return "transfer"
     if "token" in name.lower() or "sync/wait" in name:
@@ -71,7 +80,7 @@ def breakdown(step_stats):
         for n in dev.node_stats:
             a = n.all_start_micros / 1e6
             b = a + max(n.all_end_rel_micros, 1) / 1e6
-            k = kind_of(n.node_name, dev.device)
+            k = kind_of(n.node_name, dev.device, n.timeline_label)
             # A tensor from another process: the partitioner's _Recv (each one RecvTensor
             # call; every device here is a CPU of its own process, so no Recv is local).
             if " = _Recv(" in n.timeline_label or " = _HostRecv(" in n.timeline_label:
@@ -98,10 +107,11 @@ def worker(system, vocab, batch, steps, traced, out):
     import tfpar
     mode, _, variant = system.partition("_")
     graph, loss, train_op = lm.build_graph(lm.zipf_text(vocab), vocab, batch_size=batch)
+    direct = variant.endswith("direct")
     config = tfpar.Config(run_mode=mode, sync=variant != "async", partitions=2,
-                          local_aggregation={"direct": False, "measured": "auto"}.get(variant,
-                                                                                      True),
-                          sparse_route="auto" if system == "HYBRID_measured" else "ps")
+                          local_aggregation=False if direct else
+                          "auto" if variant == "measured" else True,
+                          sparse_route=ROUTES.get(system, "ps"))
     rows = []
     with tfpar.get_runner(graph, config=config) as runner:
         for step in range(steps):
@@ -140,6 +150,8 @@ def main():
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--steps", type=int, default=30, help="untraced steps first")
     p.add_argument("--traced", type=int, default=10)
+    p.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="variables for the workers' environment (HOROVOD_CYCLE_TIME=0.5)")
     p.add_argument("--out", default=None,
                    help="the report's folder (default: docs/results/<name>/)")
     args = p.parse_args()
@@ -157,7 +169,8 @@ def main():
                 4, [os.path.abspath(__file__), "--worker", system, "--result", prefix,
                     "--vocab", str(args.vocab), "--batch", str(args.batch), "--steps",
                     str(args.steps), "--traced", str(args.traced)],
-                cluster.hosts_arg(2, 2), cluster, REPO, log_level="3")
+                cluster.hosts_arg(2, 2), cluster, REPO,
+                env=dict(x.split("=", 1) for x in args.env), log_level="3")
             proc = subprocess.run(cmd, env=env, cwd=REPO, timeout=900, capture_output=True,
                                   text=True)
             if proc.returncode != 0:
