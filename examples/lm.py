@@ -165,6 +165,10 @@ def main():
                    help="with --sparse-route auto: time the most promising sets of routes "
                    "in the job and keep the fastest (tfpar.Config(search_routes=True); "
                    "remembered for the next run), or 'force': time them again")
+    p.add_argument("--ids-ahead", action="store_true",
+                   help="with --sparse-route sharded (and no local aggregation): read the "
+                   "input a step ahead and send the next batch's ids to their owners "
+                   "during this step (tfpar.Config(ids_ahead=True))")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
     p.add_argument("--threads", type=int, help="TensorFlow intra-op threads per worker "
@@ -184,7 +188,7 @@ def main():
                           search_routes={None: False, "on": True, "force": "force"}[
                               args.search_routes],
                           session_config=session_config(args.threads),
-                          search_trials=args.search_trials,
+                          search_trials=args.search_trials, ids_ahead=args.ids_ahead,
                           search_partitions="force" if args.search_again else "auto")
 
     with tfpar.get_runner(graph, config=config) as runner:     # tfpar line 2 of 2

@@ -42,7 +42,8 @@ from scripts.report import invocation, machine, results_dir  # noqa: E402
 from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_trials", "HYBRID_allreduce",
-           "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct", "HYBRID_async",
+           "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct",
+           "HYBRID_sharded_ahead", "HYBRID_async",
            "HYBRID_direct", "AR", "PS", "PS_measured", "PS_async", "PS_direct", "horovod",
            "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
@@ -53,6 +54,8 @@ LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_allgather": "tfpar HYBRID, sparse by allgather",
           "HYBRID_sharded": "tfpar HYBRID, sparse sharded (all-to-all)",
           "HYBRID_sharded_direct": "tfpar HYBRID, sparse sharded, no local aggregation",
+          "HYBRID_sharded_ahead": "tfpar HYBRID, sparse sharded, no local aggregation, ids "
+                                  "a step ahead",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
           "HYBRID_direct": "tfpar HYBRID, no local aggregation",
           "HYBRID_measured": "tfpar HYBRID, routes and aggregation measured",
@@ -138,7 +141,8 @@ def model_bytes(system, vocab, n, hosts, rows):
     elif system == "HYBRID_sharded":  # each worker's unique rows from their owners, each
         # host's unique row gradients to them (local aggregation): the servers' bytes
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
-    elif system == "HYBRID_sharded_direct":  # each worker's unique rows, both ways
+    elif system in ("HYBRID_sharded_direct", "HYBRID_sharded_ahead"):  # each worker's
+        # unique rows, both ways
         total = ring_allreduce(dense) + 2 * n * per_worker_push * remote
     elif system in ("AR", "horovod", "HYBRID_allgather"):
         total = ring_allreduce(dense) + ring_allgather(sparse_dup)
@@ -187,6 +191,8 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm"):
                    "allgather": ["--sparse-route", "allgather"],
                    "sharded": ["--sparse-route", "sharded"], "async": ["--async"],
                    "sharded_direct": ["--sparse-route", "sharded", "--no-local-aggregation"],
+                   "sharded_ahead": ["--sparse-route", "sharded", "--no-local-aggregation",
+                                     "--ids-ahead"],
                    "ps": ["--sparse-route", "ps"],
                    "direct": ["--no-local-aggregation"],
                    # "force": each job times its own (a remembered result would be

@@ -31,6 +31,7 @@ KINDS = ("compute", "horovod", "ps_read", "push", "chief_take_apply", "token_wai
          "transfer", "sharded", "other_tfpar")
 # The sparse route of each system (the LM's default: the parameter servers).
 ROUTES = {"HYBRID_sharded": "sharded", "HYBRID_sharded_direct": "sharded",
+          "HYBRID_sharded_ahead": "sharded",
           "HYBRID_allgather": "allgather", "HYBRID_measured": "auto"}
 
 
@@ -107,11 +108,12 @@ def worker(system, vocab, batch, steps, traced, out):
     import tfpar
     mode, _, variant = system.partition("_")
     graph, loss, train_op = lm.build_graph(lm.zipf_text(vocab), vocab, batch_size=batch)
-    direct = variant.endswith("direct")
+    direct = variant.endswith(("direct", "ahead"))
     config = tfpar.Config(run_mode=mode, sync=variant != "async", partitions=2,
                           local_aggregation=False if direct else
                           "auto" if variant == "measured" else True,
-                          sparse_route=ROUTES.get(system, "ps"))
+                          sparse_route=ROUTES.get(system, "ps"),
+                          ids_ahead=variant.endswith("ahead"))
     rows = []
     with tfpar.get_runner(graph, config=config) as runner:
         for step in range(steps):

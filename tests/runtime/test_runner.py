@@ -266,6 +266,16 @@ def test_a_whole_read_of_a_sharded_variable_is_refused_with_the_fix():
         tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded"))
 
 
+def test_fed_ids_cannot_go_ahead_and_the_error_says_so():
+    """Config(ids_ahead=True) reads the input a step ahead: ids from a feed are refused
+    with the fix (tests/runtime/test_ids_ahead.py: the rest)."""
+    graph, h = models.build(optimizer="adagrad", sparse=True)
+    with pytest.raises(tfpar.NotYetSupportedError,
+                       match=r"ids of the lookups of emb are computed from 'ids' "
+                             r"\(Placeholder\).*tf\.data.*leave ids_ahead False"):
+        tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded", ids_ahead=True))
+
+
 def test_a_graph_built_with_eager_execution_on_runs_like_a_session(tmp_path):
     """TF2's default mode (eager execution on, the graph built under `as_default`) is what a
     plain Session accepts: the runner reads, counts and saves without building ops

@@ -229,3 +229,43 @@ def variable_values(sess, graph):
     """{variable op name: value} for every global variable (slots and step included)."""
     variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
     return dict(zip([v.op.name for v in variables], sess.run(variables)))
+
+
+def build_from_input(global_ids, global_y, workers=1, rank=0, optimizer="adagrad",
+                     clip=None):
+    """An embedding model whose batch comes from tf.data (a one-shot iterator), as a
+    training script's does: step t's batch is rows [rank b, (rank + 1) b) of global batch
+    t (b = the global batch / workers), so the workers' batches side by side are the
+    single-device one (workers=1). global_ids: [steps, B, K] ids (K lookups an example);
+    global_y: [steps, B]. Two tables are looked up with the same ids (an embedding and a
+    bias per id, as a sampled softmax's weights and biases). Returns (graph, loss,
+    train_op); the input ends after the last batch."""
+    b = global_ids.shape[1] // workers
+    ids = global_ids[:, rank * b:(rank + 1) * b]
+    y = global_y[:, rank * b:(rank + 1) * b].astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default():
+        batch_ids, batch_y = tf1.data.make_one_shot_iterator(
+            tf.data.Dataset.from_tensor_slices((ids, y))).get_next()
+        init = tf1.random_uniform_initializer(-0.5, 0.5, seed=3)
+        emb = tf1.get_variable("emb", [PS_VOCAB, EMB], initializer=init)
+        bias = tf1.get_variable("bias", [PS_VOCAB], initializer=init)
+        w = tf1.get_variable("w", [EMB, 1], initializer=init)
+        rows = tf.reduce_sum(tf.nn.embedding_lookup(emb, batch_ids), 1)
+        pred = tf.squeeze(tf.matmul(rows, w), 1) + tf.reduce_sum(
+            tf.gather(bias, batch_ids), 1)
+        loss = tf.reduce_mean(tf.square(pred - batch_y))
+        opt = OPTIMIZERS[optimizer](1.0)
+        grads = opt.compute_gradients(loss)
+        if clip:
+            clipped, _ = tf.clip_by_global_norm([g for g, _ in grads], clip)
+            grads = list(zip(clipped, [v for _, v in grads]))
+        train_op = opt.apply_gradients(grads, global_step=tf1.train.get_or_create_global_step())
+    return graph, loss, train_op
+
+
+def input_batches(steps, global_batch, lookups=3, seed=0):
+    """(ids [steps, global_batch, lookups] with duplicates within and across examples, y)."""
+    rng = np.random.RandomState(seed)
+    ids = rng.zipf(1.5, size=(steps, global_batch, lookups)) % PS_VOCAB
+    return ids.astype(np.int64), rng.randn(steps, global_batch)

@@ -92,6 +92,16 @@ class Config:
         copy and session per trial), and a trial on the parameter servers starts them.
         The trials are remembered in `search_cache` for this graph, layout and settings
         and reused by the next job; "force" times them again (new links, new machines).
+      ids_ahead: route "sharded": read the input pipeline a step ahead and send the next
+        batch's ids to their owners during this step (TorchRec's pipelined input
+        distribution), so a step waits for two rounds of all-to-alls (rows back,
+        gradients out) instead of three. Every batch still passes through the input once
+        and in order (the same batches, the same random draws as a plain session); the
+        last batch trains without a next one. Needs the lookups' ids from the input
+        pipeline (tf.data, not a feed), every sparse variable on route "sharded" and local
+        aggregation off; otherwise the plan says why it is off. Checkpoints keep the
+        batch read ahead with the input positions, so a resumed job neither skips nor
+        replays it.
       search_trials, search_seconds: caps on the trials of one search and on its time.
       search_steps: (untimed, timed) training steps per trial.
       search_feed: for graphs fed by placeholders: step number -> feed_dict for the trials
@@ -132,6 +142,7 @@ class Config:
     local_aggregation: Union[bool, str] = True
     search_partitions: str = "auto"
     search_routes: Union[bool, str] = False
+    ids_ahead: bool = False
     search_trials: int = 5
     search_seconds: float = 600.0
     search_steps: Tuple[int, int] = (5, 20)
@@ -255,6 +266,8 @@ class Config:
             raise TfparError("Config(sync=False) trains the parameter servers' variables "
                              "asynchronously; AR mode has none (Horovod's collectives are "
                              "synchronous): use run_mode='PS' or 'HYBRID'")
+        if not isinstance(self.ids_ahead, bool):
+            raise TfparError(f"Config.ids_ahead must be True or False, got {self.ids_ahead!r}")
         if self.local_aggregation != "auto" and not isinstance(self.local_aggregation, bool):
             raise TfparError(f"Config.local_aggregation must be True, False or 'auto', got "
                              f"{self.local_aggregation!r}")

@@ -108,6 +108,9 @@ class Plan:
     tiling: Optional[TilingPlan] = None
     # training-mode batch norms normalised over the global batch (every worker's rows)
     batch_norms: Tuple[str, ...] = ()
+    # route "sharded": each batch's ids sent to their owners during the step before
+    # (the input pipeline read a step ahead; Config.ids_ahead)
+    ids_ahead: bool = False
 
     @property
     def num_ps(self) -> int:
@@ -271,6 +274,9 @@ class Plan:
                 lines.append("sharded rows' gradients: local aggregation "
                              + ("on (summed per host, then to their owners)"
                                 if self.local_aggregation else "off (straight to their owners)"))
+            if self.ids_ahead:
+                lines.append("sharded lookups: each batch's ids go to their owners during the "
+                             "step before (the input is read a step ahead)")
         if self.tiling:
             lines.append(self.tiling.table())
         return "\n".join(lines + [f"note: {n}" for n in self.notes])

@@ -121,9 +121,20 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                      "training=<a tensor>, or a mean named as tf.nn.moments's but not built "
                      "by it); fused batch norms, tf.nn.moments and Keras's training "
                      "tensor's tf.cond are normalised over the global batch")
+    ids_ahead = False
+    if config.ids_ahead:
+        sparse = [v for v in variables if v.slot_of is None and v.kind == "sparse"]
+        why = ("no variable is on route 'sharded'" if not sharded else
+               "a sparse variable is not on route 'sharded'"
+               if any(v.route != "sharded" for v in sparse) else
+               "local aggregation is on (its host exchange needs the ids in the step)"
+               if local_aggregation else None)
+        ids_ahead = why is None
+        notes.append("ids ahead: " + ("each batch's ids go to their owners during the step "
+                                      "before" if ids_ahead else f"off: {why}"))
     return dataclasses.replace(plan, sync=config.sync or not on_ps, notes=tuple(notes),
                                local_aggregation=local_aggregation, routing=density,
-                               batch_norms=batch_norms)
+                               batch_norms=batch_norms, ids_ahead=ids_ahead)
 
 
 def on_parameter_servers(analysis: GraphAnalysis, config: Config, layout: Layout,

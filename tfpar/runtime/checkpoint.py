@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import itertools
+import logging
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -25,6 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar.errors import TfparError
+
+log = logging.getLogger("tfpar")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,15 +257,24 @@ def input_suffix(rank: int, num_workers: int) -> str:
     return f".input-{rank}-of-{num_workers}"
 
 
+STAGED = "tfpar_staged"  # the input positions' batch read ahead (Plan.ids_ahead)
+
+
 class InputPositions:
     """Where this worker's `tf.data` iterators are (TensorFlow's serialized iterator
     state), saved beside a checkpoint as `<prefix>.input-<rank>-of-<N>` and restored from
     it, so a restarted job with the same worker count neither replays nor skips data.
-    Each worker writes and reads its own file; ops built on first use."""
+    Each worker writes and reads its own file; ops built on first use.
 
-    def __init__(self, graph: tf.Graph, rank: int, num_workers: int):
+    With the input read a step ahead (`Plan.ids_ahead`, `ahead`: its `InputAhead`), the
+    iterators are a batch past the model: the batch read ahead and not yet trained on is
+    saved with them, and a restore puts it back as the next batch (`restore` says so: the
+    runner then stages it, its ids' exchange included)."""
+
+    def __init__(self, graph: tf.Graph, rank: int, num_workers: int, ahead=None):
         self._graph, self._suffix = graph, input_suffix(rank, num_workers)
         self._iterators = [op for op in graph.get_operations() if op.type in ITERATOR_TYPES]
+        self._ahead = ahead
         self._ops = None
 
     def __bool__(self):
@@ -277,22 +289,38 @@ class InputPositions:
                 states = [tf.raw_ops.SerializeIterator(resource_handle=op.outputs[0],
                                                        external_state_policy=1)
                           for op in self._iterators]
-                save = tf.raw_ops.SaveV2(prefix=path, tensor_names=names,
-                                         shape_and_slices=[""] * len(names), tensors=states)
                 restored = tf.raw_ops.RestoreV2(prefix=path, tensor_names=names,
                                                 shape_and_slices=[""] * len(names),
                                                 dtypes=[tf.variant] * len(names))
                 restore = tf.group(*[tf.raw_ops.DeserializeIterator(
                     resource_handle=op.outputs[0], serialized=r)
                     for op, r in zip(self._iterators, restored)])
-            self._ops = (path, save, restore)
+                staged_flag = tf.compat.v1.placeholder_with_default(False, [])
+                restore_staged = None
+                sources = list(self._ahead.current_vars) if self._ahead is not None else []
+                if sources:  # the batch read ahead (values of any shape), and whether held
+                    held = [f"{STAGED}_{k}" for k in range(len(sources))]
+                    names += [STAGED] + held
+                    states += [staged_flag] + [self._ahead.current_vars[t].read_value()
+                                               for t in sources]
+                    values = tf.raw_ops.RestoreV2(prefix=path, tensor_names=held,
+                                                  shape_and_slices=[""] * len(held),
+                                                  dtypes=[t.dtype for t in sources])
+                    restore_staged = tf.group(*[
+                        self._ahead.next_vars[t].assign(v, read_value=False)
+                        for t, v in zip(sources, values)])
+                save = tf.raw_ops.SaveV2(prefix=path, tensor_names=names,
+                                         shape_and_slices=[""] * len(names), tensors=states)
+            self._ops = (path, save, restore, restore_staged, staged_flag)
         return self._ops
 
-    def save(self, session, prefix: str, max_to_keep: Optional[int]) -> None:
-        """Writes this worker's positions beside `prefix`; keeps the newest `max_to_keep`
-        of this worker's files in the folder (each host keeps its own workers')."""
-        path, save, _ = self._built()
-        session.run(save, {path: prefix + self._suffix})
+    def save(self, session, prefix: str, max_to_keep: Optional[int],
+             staged: bool = False) -> None:
+        """Writes this worker's positions beside `prefix` (and the batch read ahead, when
+        `staged`); keeps the newest `max_to_keep` of this worker's files in the folder
+        (each host keeps its own workers')."""
+        path, save, _, _, staged_flag = self._built()
+        session.run(save, {path: prefix + self._suffix, staged_flag: staged})
         if max_to_keep:
             mine = glob.glob(os.path.join(os.path.dirname(os.path.abspath(prefix)),
                                           "*" + self._suffix + ".index"))
@@ -301,14 +329,24 @@ class InputPositions:
                 for f in glob.glob(old[:-len(".index")] + "*"):
                     os.remove(f)
 
-    def restore(self, session, prefix: str) -> bool:
-        """Sets this worker's iterators from the positions saved beside `prefix`; False
-        (nothing changed) when there are none for this worker count."""
+    def restore(self, session, prefix: str) -> Optional[bool]:
+        """Sets this worker's iterators from the positions saved beside `prefix`. Returns
+        None (nothing changed) when there are none for this worker count, else whether a
+        batch read ahead was saved with them and is now the next batch (the runner stages
+        it). A batch read ahead that this runner cannot take (no `ids_ahead`) is skipped,
+        with a warning."""
         if not glob.glob(prefix + self._suffix + ".index"):
-            return False
-        path, _, restore = self._built()
-        session.run(restore, {path: prefix + self._suffix})
-        return True
+            return None
+        path, _, restore, restore_staged, _ = self._built()
+        reader = tf.compat.v1.train.NewCheckpointReader(prefix + self._suffix)
+        held = reader.has_tensor(STAGED) and bool(reader.get_tensor(STAGED))
+        if held and restore_staged is None:
+            log.warning("tfpar: %s: the input positions are a batch past the model (saved "
+                        "with Config(ids_ahead=True)); this job skips that batch: resume "
+                        "with ids_ahead=True to train on it", prefix)
+        session.run([restore] + ([restore_staged] if held and restore_staged is not None
+                                 else []), {path: prefix + self._suffix})
+        return held and restore_staged is not None
 
 
 def _step_of(prefix: str) -> int:

@@ -266,7 +266,7 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
                   broadcast=broadcast, entries=entries, assigner=assigner,
                   liveness=live if hvd.size() > 1 else None,
                   tiles=tiled.tiles if tiled is not None else None,
-                  stages=done.stages.reads)
+                  stages=done.stages.reads, ahead=done.ahead)
 
 
 def _tile_setters(plan: Plan, tiled, rank: int):
@@ -295,7 +295,7 @@ class Runner:
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
                  source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
                  broadcast=None, entries=(), assigner=None, liveness=None, tiles=None,
-                 stages=None):
+                 stages=None, ahead=None):
         self._session = session
         self._liveness = liveness
         self._stages = dict(stages or {})  # stage -> its markers' values (see _where)
@@ -333,7 +333,16 @@ class Runner:
         self._push_reads: Optional[list] = None  # (built by `ps_pushes`)
         self._save_ops: Optional[checkpoint.SaveOps] = None  # (built by the first save)
         self._autosave = None  # (folder, every steps, every secs, keep, last step, last time)
-        self._inputs = checkpoint.InputPositions(graph, worker_id, num_workers)
+        self._inputs = checkpoint.InputPositions(graph, worker_id, num_workers, ahead)
+        # The input read a step ahead (Plan.ids_ahead): its ops, whether a batch is staged
+        # (its ids already with their owners), and which fetches train on it.
+        self._ahead = ahead
+        self._staged = False
+        self._consumes_cache: Dict[tuple, bool] = {}
+        if ahead is not None:
+            self._replaced.update(ahead.replaced)
+            self._ahead_reads = {op.name for op in ahead.reads}
+            self._advance = ahead.advance
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
     num_workers = property(lambda self: self._num_workers, doc="How many workers the job has.")
@@ -388,7 +397,7 @@ class Runner:
         self._saves += 1
         prefix = f"{path}-{int(global_step)}"
         if self._inputs:  # each worker's tf.data position, at this same step boundary
-            self._inputs.save(self._session, prefix, max_to_keep)
+            self._inputs.save(self._session, prefix, max_to_keep, staged=self._staged)
         if not self.is_chief:
             return None
         self._wait_for_writer()  # (it may still read the last snapshot)
@@ -494,7 +503,13 @@ class Runner:
         have = os.path.exists(prefix + checkpoint.input_suffix(
             self._worker_id, self._num_workers) + ".index") if self._inputs else False
         if all(x == "1" for x in job.allgather_strings("1" if have else "0")) and have:
-            self._inputs.restore(self._session, prefix)
+            if self._inputs.restore(self._session, prefix) and self._ahead is not None:
+                # The batch read ahead when it was saved is the next one: staged with its
+                # ids' exchange (a collective: every worker restores).
+                self._session.run(self._advance)
+                self._staged = True
+            elif self._ahead is not None:
+                self._staged = False  # the iterators are where the model is
         elif self._inputs and self.is_chief:
             log.warning("tfpar: %s holds no input positions for %d workers: the tf.data "
                         "input is not moved to where it was", prefix, self._num_workers)
@@ -510,8 +525,7 @@ class Runner:
             feeds = {self._element(k, feed=True): v for k, v in feed_dict.items()}
         step = self._is_step(mapped)
         if self._liveness is None or not step:
-            out = self._session.run(mapped, feed_dict=feeds, options=options,
-                                    run_metadata=run_metadata)
+            out = self._execute(mapped, feeds, options, run_metadata)
             if step:
                 self._steps += 1
                 if self._autosave is not None:
@@ -520,8 +534,7 @@ class Runner:
         self._liveness.step_started()
         ended = False
         try:
-            out = self._session.run(mapped, feed_dict=feeds, options=options,
-                                    run_metadata=run_metadata)
+            out = self._execute(mapped, feeds, options, run_metadata)
             self._steps += 1
         except tf.errors.OutOfRangeError:
             ended = True  # its input is exhausted: the others must be told if they go on
@@ -531,6 +544,38 @@ class Runner:
         if self._autosave is not None:
             self._autosave_due()
         return out
+
+    def _execute(self, mapped, feeds, options, run_metadata):
+        """One session run of `mapped`; with the input a step ahead (`Plan.ids_ahead`), a
+        run that trains on the staged batch first reads the next one (a run of the input
+        alone), and moves it in with its ids' exchange (`advance`, beside the fetches);
+        the first such run stages a batch first, and the last batch runs without a next
+        one. The input's end (OutOfRangeError) surfaces at the run after it, as in a plain
+        session's loop."""
+        if self._ahead is None or not self._consumes(mapped):
+            return self._session.run(mapped, feed_dict=feeds, options=options,
+                                     run_metadata=run_metadata)
+        if not self._staged:
+            self._session.run(self._ahead.fetch_next, feed_dict=feeds, options=options)
+            self._session.run(self._advance, feed_dict=feeds, options=options)
+            self._staged = True
+        try:
+            self._session.run(self._ahead.fetch_next, feed_dict=feeds, options=options)
+        except tf.errors.OutOfRangeError:
+            self._staged = False  # the staged batch is the last: train on it alone
+            return self._session.run(mapped, feed_dict=feeds, options=options,
+                                     run_metadata=run_metadata)
+        return self._session.run((mapped, self._advance), feed_dict=feeds, options=options,
+                                 run_metadata=run_metadata)[0]
+
+    def _consumes(self, mapped) -> bool:
+        """Whether running `mapped` reads the staged batch (it trains on it)."""
+        elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
+                    if isinstance(x, (tf.Tensor, tf.Operation))]
+        key = tuple(x.name for x in elements)
+        if key not in self._consumes_cache:
+            self._consumes_cache[key] = _reaches(elements, self._ahead_reads)
+        return self._consumes_cache[key]
 
     def _where(self) -> str:
         """Where this worker's running training step waits, from its stage markers (read by
@@ -547,16 +592,7 @@ class Runner:
                     if isinstance(x, (tf.Tensor, tf.Operation))]
         key = tuple(x.name for x in elements)
         if key not in self._is_step_cache:
-            seen, stack, found = set(), list(elements), False
-            while stack and not found:
-                op = stack.pop()
-                if op.name in seen:
-                    continue
-                seen.add(op.name)
-                found = op.name in self._collective
-                stack.extend(t.op for t in op.inputs)
-                stack.extend(op.control_inputs)
-            self._is_step_cache[key] = found
+            self._is_step_cache[key] = _reaches(elements, self._collective)
         return self._is_step_cache[key]
 
     def communication(self, mean_over_workers: bool = False) -> Dict[str, float]:
@@ -731,6 +767,21 @@ class Runner:
 
 _RESTORE_OP = re.compile(r"(^|/)save(_\d+)?/restore_all$")
 _SAVE_OP = re.compile(r"(^|/)save(_\d+)?/control_dependency(_\d+)?$")
+
+
+def _reaches(ops, names) -> bool:
+    """Whether running `ops` runs an op named in `names` (data and control inputs)."""
+    seen, stack = set(), list(ops)
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.name in names:
+            return True
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return False
 
 
 def is_saver_op(name: str) -> bool:

@@ -17,6 +17,7 @@ from tfpar.transform import surgery
 from tfpar.transform.allreduce import apply_allreduce
 from tfpar.transform.batch_norm import apply_sync_batch_norm
 from tfpar.transform.parameter_server import PsRewrite, apply_parameter_server, worker_device
+from tfpar.transform.input_ahead import InputAhead
 from tfpar.transform.sharded import apply_sharding
 from tfpar.transform.stages import Markers
 from tfpar.transform.tiled import TiledRewrite, apply_tiling
@@ -31,6 +32,7 @@ class Rewritten:
     ps: Optional[PsRewrite]
     tiled: Optional[TiledRewrite] = None  # split variables: tiled and sharded
     stages: Optional[Markers] = None  # the training step's stage markers
+    ahead: Optional[InputAhead] = None  # the input read a step ahead (Plan.ids_ahead)
 
 
 def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = None
@@ -44,8 +46,9 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     distributed = ps_prefix is not None
     traffic = Traffic(graph, worker_device(rank) if distributed else "")
     markers = Markers(graph, worker_device(rank) if distributed else "")
-    tiled = _joined(apply_tiling(graph, plan, rank, traffic.counter("tiled")),
-                    apply_sharding(graph, plan, rank, traffic.counter("sharded")))
+    tiled = apply_tiling(graph, plan, rank, traffic.counter("tiled"))
+    sharded = apply_sharding(graph, plan, rank, traffic.counter("sharded"))
+    tiled = _joined(tiled, sharded)
     ps = (apply_parameter_server(graph, plan, rank, traffic, ps_prefix, markers)
           if distributed else None)
     combined = apply_allreduce(graph, plan, traffic)
@@ -55,7 +58,10 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     _count_steps(graph, plan, ps, traffic.build(), tiled)
     if distributed:
         _pin_to_worker(graph, rank)
-    return Rewritten(ps, tiled, markers)
+    ahead = sharded.ahead if sharded is not None else None
+    if ahead is not None:
+        ahead.check()  # nothing after the sharded rewrite reads the batch unstaged
+    return Rewritten(ps, tiled, markers, ahead)
 
 
 def _joined(tiled: Optional[TiledRewrite], sharded) -> Optional[TiledRewrite]:

@@ -43,16 +43,19 @@ from tfpar.graph.naming import safe_name
 from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery
+from tfpar.transform.input_ahead import InputAhead
 from tfpar.transform.tiled import TILES, initial_value, new_tile
 
 
 
 @dataclasses.dataclass
 class ShardedRewrite:
-    """What the rewrite made: {variable name: this worker's rows}, the new update ops."""
+    """What the rewrite made: {variable name: this worker's rows}, the new update ops, and
+    the input staged a step ahead (`Plan.ids_ahead`; else None)."""
 
     tiles: Dict[str, tf.Variable]
     updates: List[tf.Operation]
+    ahead: Optional[InputAhead] = None
 
 
 def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
@@ -71,6 +74,13 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
         variables = [_Sharded(graph, plan, v, by_name, rank, exchanges) for v in sharded]
         made.update((s.v.name, s.part) for s in variables)
         lookups = [lk for s in variables for lk in s.find_lookups()]
+        ahead = None
+        if plan.ids_ahead:  # before the rest reads the batch: they read the staged one
+            originals = {lk.gather: lk.ids for lk in lookups}
+            ahead = InputAhead(graph, originals.values(), "the lookups of " + ", ".join(
+                sorted({lk.owner.v.name for lk in lookups})))
+            for lk in lookups:
+                lk.ahead = ahead.next_of(originals[lk.gather])
         for s in variables:
             s.copy_averages(made)
         # Lookups of variables split alike with one ids tensor (a sampled softmax's weights
@@ -79,7 +89,9 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
         for lk in lookups:
             key = (lk.ids.name, tuple(lk.owner.starts), lk.owner.part.dtype.base_dtype.name)
             groups.setdefault(key, []).append(lk)
-        _lookups(list(groups.values()), exchanges)
+        _lookups(list(groups.values()), exchanges, ahead)
+        if ahead is not None:
+            ahead.finish()
         # Every gradient's rows go to their owners in one all-to-all (per dtype), unless
         # one of them waits for an update (a second optimizer's): that one goes alone.
         sends = [s.outgoing(i, g) for s in variables for i, g in enumerate(s.v.gradients)]
@@ -90,7 +102,7 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
                     tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
             ref = graph.get_collection_ref(key)
             ref[:] = [x for x in ref if x.op.name not in made]
-    return ShardedRewrite(made, updates)
+    return ShardedRewrite(made, updates, ahead)
 
 
 class _Sharded:
@@ -293,6 +305,7 @@ class _Lookup:
 
     owner: _Sharded
     gather: tf.Operation
+    ahead: Optional[tf.Tensor] = None  # the next batch's ids (`Plan.ids_ahead`)
 
     @property
     def ids(self) -> tf.Tensor:
@@ -375,6 +388,27 @@ class _Exchanges:
         if self.hosts is not None:
             return self._ask_via_host(items, serve, name)
         return self._ask_owners(items, serve, name)
+
+    def ask_ahead(self, now, ahead_items, serve, name: str, ahead: InputAhead):
+        """`ask` with the ids a step ahead (`Plan.ids_ahead`; no local aggregation): the
+        next batch's ids go to their owners now, and what came here is carried to the
+        next step (`InputAhead.carry`); this batch's ids came in the step before, so its
+        rows come back in one all-to-all. now, ahead_items: per item (ids sorted by owner
+        (int64), how many go to each worker), of this batch and of the next."""
+        if len(now) == 1:
+            sent = [self.run(ahead_items[0][0], ahead_items[0][1], f"{name}_ids")]
+        else:
+            sent = [(ids, came) for ids, _, came in
+                    self.many([(ids, None, splits) for ids, splits in ahead_items],
+                              f"{name}_ids")]
+        asked = [(ahead.carry(ids, f"{name}_asked_{k}"), ahead.carry(came, f"{name}_came_{k}"))
+                 for k, (ids, came) in enumerate(sent)]
+        if len(now) == 1:
+            back, _ = self.run(serve(0, asked[0][0]), asked[0][1], f"{name}_rows")
+            return [back]
+        rows = [serve(k, ids) for k, (ids, _) in enumerate(asked)]
+        return self.rows_back([(r, came, splits) for r, (_, came), (_, splits)
+                               in zip(rows, asked, now)], f"{name}_rows")
 
     def _ask_owners(self, items, serve, name: str):
         if len(items) == 1:
@@ -536,15 +570,21 @@ def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops)
             send.got_ids, send.got_rows = ids, rows
 
 
-def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges"):
+def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges",
+             ahead: Optional[InputAhead] = None):
     """Replaces every lookup group's gathers with the owners' rows: all groups in one
     all-to-all of ids and one of rows when no group's ids depend on another's rows (else
-    group by group, in order)."""
+    group by group, in order). With the input a step ahead, the ids went a step earlier:
+    the step sends the next batch's and asks for this one's rows alone."""
     gathers = [lk.gather for group in groups for lk in group]
     if len(groups) < 2 or any(_depends_on([group[0].ids], gathers) for group in groups):
         batches = [([group], f"lookup_{k}") for k, group in enumerate(groups)]
     else:
         batches = [(groups, "lookups")]
+    if ahead is not None and len(batches) > 1:
+        raise NotYetSupportedError(
+            "Config(ids_ahead=True): the ids of one lookup of a sharded variable are computed "
+            "from the rows of another; they cannot go a step ahead: leave ids_ahead False")
     for batch, name in batches:
         with tf.compat.v1.name_scope(f"tfpar/sharded/{name}/"):
             asks, widths = [], {}
@@ -558,7 +598,16 @@ def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges"):
                 packed, widths[k] = _rows_of(batch[k], ids - batch[k][0].owner.lo)
                 return packed
 
-            back = exchanges.ask([a[:3] for a in asks], serve, name)
+            if ahead is None:
+                back = exchanges.ask([a[:3] for a in asks], serve, name)
+            else:
+                nexts = []
+                for group in batch:
+                    unique, _ = tf.unique(tf.reshape(group[0].ahead, [-1]))
+                    sorted_ids, splits, _ = _by_owner(unique, group[0].owner.starts,
+                                                      exchanges.n)
+                    nexts.append((sorted_ids, splits))
+                back = exchanges.ask_ahead([a[:2] for a in asks], nexts, serve, name, ahead)
             for k, (group, rows, ask) in enumerate(zip(batch, back, asks)):
                 _expand(group, rows, widths[k], ask[3], ask[4])
 
