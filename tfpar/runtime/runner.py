@@ -506,7 +506,7 @@ class Runner:
             if self._inputs.restore(self._session, prefix) and self._ahead is not None:
                 # The batch read ahead when it was saved is the next one: staged with its
                 # ids' exchange (a collective: every worker restores).
-                self._session.run(self._advance)
+                self._session.run(self._ahead.prime)
                 self._staged = True
             elif self._ahead is not None:
                 self._staged = False  # the iterators are where the model is
@@ -549,15 +549,15 @@ class Runner:
         """One session run of `mapped`; with the input a step ahead (`Plan.ids_ahead`), a
         run that trains on the staged batch first reads the next one (a run of the input
         alone), and moves it in with its ids' exchange (`advance`, beside the fetches);
-        the first such run stages a batch first, and the last batch runs without a next
-        one. The input's end (OutOfRangeError) surfaces at the run after it, as in a plain
+        the first such run stages a batch first (`prime`), and the last batch runs without
+        a next one. The input's end (OutOfRangeError) surfaces at the run after it, as in a plain
         session's loop."""
         if self._ahead is None or not self._consumes(mapped):
             return self._session.run(mapped, feed_dict=feeds, options=options,
                                      run_metadata=run_metadata)
         if not self._staged:
             self._session.run(self._ahead.fetch_next, feed_dict=feeds, options=options)
-            self._session.run(self._advance, feed_dict=feeds, options=options)
+            self._session.run(self._ahead.prime, feed_dict=feeds, options=options)
             self._staged = True
         try:
             self._session.run(self._ahead.fetch_next, feed_dict=feeds, options=options)

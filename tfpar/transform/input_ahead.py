@@ -83,8 +83,8 @@ class InputAhead:
             self._next = self._copy(next_reads, f"{SCOPE}/next/")
         self._reads = [r.op for r in current_reads.values()]
         self._next_reads = next_reads
-        self._carried: List[tuple] = []  # (variable, the next batch's value): `carry`
-        self.advance = None  # (built by `finish`)
+        self._carried: Dict[str, list] = {}  # name: [variable, the next batch's value]
+        self.advance = self.prime = None  # (built by `finish`)
         self._rewire()
 
     def _copy(self, reads: Dict[tf.Tensor, tf.Tensor], scope: str) -> Dict[tf.Tensor, tf.Tensor]:
@@ -126,27 +126,38 @@ class InputAhead:
         fetch of the batch is the batch the step trains on."""
         return {old.name: new for old, new in self._current.items()}
 
-    def carry(self, next_value: tf.Tensor, name: str) -> tf.Tensor:
+    def carry(self, dtype: tf.DType, shape, name: str) -> tf.Tensor:
         """A value computed from the next batch during the step (the ids that came to this
-        worker), kept for the step that trains on that batch: returns its read there."""
+        worker), kept for the step that trains on that batch: returns its read there;
+        `carry_next` gives the value."""
+        like = tf.TensorSpec(shape, dtype)
         with self.g.as_default(), tf.compat.v1.name_scope(None), \
                 tf.control_dependencies(None):
-            var = _staging(next_value, f"{SCOPE}/carried/{name}")
-            read = _read(var, next_value, f"{SCOPE}/carried/{name}/read")
-        self._carried.append((var, next_value))
+            var = _staging(like, f"{SCOPE}/carried/{name}")
+            read = _read(var, like, f"{SCOPE}/carried/{name}/read")
+        self._carried[name] = [var, None, None]
         self._reads.append(read.op)
         return read
 
+    def carry_next(self, name: str, value: tf.Tensor, first: tf.Tensor) -> None:
+        """The next batch's value of `carry(..., name)`: `value` in a step (`advance`),
+        `first` before the first step (`prime`: it may not read the staged batch, which
+        is empty then)."""
+        self._carried[name][1:] = [value, first]
+
     def finish(self) -> None:
         """Builds `advance`: `current` := `next` and every carried value's assignment, once
-        the step's reads of them ran; what each step runs beside the user's fetches (and
-        the first, alone). Called once every value is carried."""
-        with self.g.as_default(), tf.compat.v1.name_scope(None), \
-                tf.control_dependencies(list(self._reads)):
-            moves = [self.current_vars[t].assign(self._next_reads[t], read_value=False)
-                     for t in self.current_vars]
-            moves += [var.assign(value, read_value=False) for var, value in self._carried]
-            self.advance = tf.group(*moves, name=f"{SCOPE}/advance")
+        the step's reads of them ran, what each step runs beside the user's fetches; and
+        `prime`, the same before the first step (or after a restore), alone. Called once
+        every value is carried."""
+        with self.g.as_default(), tf.compat.v1.name_scope(None):
+            for name, k in (("advance", 1), ("prime", 2)):
+                with tf.control_dependencies(list(self._reads) if k == 1 else None):
+                    moves = [self.current_vars[t].assign(self._next_reads[t], read_value=False)
+                             for t in self.current_vars]
+                    moves += [c[0].assign(c[k], read_value=False)
+                              for c in self._carried.values()]
+                    setattr(self, name, tf.group(*moves, name=f"{SCOPE}/{name}"))
 
     @property
     def reads(self) -> List[tf.Operation]:
@@ -187,19 +198,21 @@ def _is_source(op: tf.Operation) -> bool:
             and not any(t.dtype in (tf.resource, tf.variant) for t in op.outputs))
 
 
-def _staging(t: tf.Tensor, name: str) -> tf.Variable:
+def _staging(t, name: str, initial=None) -> tf.Variable:
     """A variable of `t`'s dtype and any shape (a batch's size may vary), outside every
-    collection the checkpoints and the broadcast read; initially empty."""
+    collection the checkpoints and the broadcast read; initially `initial`, else empty.
+    t: a tensor or a TensorSpec."""
     rank = t.shape.rank
-    empty = tf.zeros([0] * (rank if rank else 1), t.dtype)
-    if rank == 0:
-        empty = tf.zeros([], t.dtype)
-    return tf.compat.v1.Variable(empty, name=name, trainable=False, use_resource=True,
+    if initial is None:
+        initial = tf.zeros([0] * (rank if rank else 1), t.dtype)
+        if rank == 0:
+            initial = tf.zeros([], t.dtype)
+    return tf.compat.v1.Variable(initial, name=name, trainable=False, use_resource=True,
                                  validate_shape=False, shape=tf.TensorShape(None),
                                  collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
 
 
-def _read(var: tf.Variable, like: tf.Tensor, name: str) -> tf.Tensor:
+def _read(var: tf.Variable, like, name: str) -> tf.Tensor:
     out = tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=like.dtype, name=name)
     out.set_shape(like.shape)
     return out

@@ -390,25 +390,64 @@ class _Exchanges:
         return self._ask_owners(items, serve, name)
 
     def ask_ahead(self, now, ahead_items, serve, name: str, ahead: InputAhead):
-        """`ask` with the ids a step ahead (`Plan.ids_ahead`; no local aggregation): the
-        next batch's ids go to their owners now, and what came here is carried to the
-        next step (`InputAhead.carry`); this batch's ids came in the step before, so its
-        rows come back in one all-to-all. now, ahead_items: per item (ids sorted by owner
-        (int64), how many go to each worker), of this batch and of the next."""
-        if len(now) == 1:
-            sent = [self.run(ahead_items[0][0], ahead_items[0][1], f"{name}_ids")]
-        else:
-            sent = [(ids, came) for ids, _, came in
-                    self.many([(ids, None, splits) for ids, splits in ahead_items],
-                              f"{name}_ids")]
-        asked = [(ahead.carry(ids, f"{name}_asked_{k}"), ahead.carry(came, f"{name}_came_{k}"))
-                 for k, (ids, came) in enumerate(sent)]
-        if len(now) == 1:
-            back, _ = self.run(serve(0, asked[0][0]), asked[0][1], f"{name}_rows")
-            return [back]
+        """`ask` with the ids a step ahead (`Plan.ids_ahead`; no local aggregation): this
+        batch's ids went to their owners in the step before (carried here by
+        `InputAhead.carry`), so one all-to-all brings its rows back and takes the next
+        batch's ids out. now, ahead_items: per item (ids sorted by owner (int64), how many
+        go to each worker), of this batch and of the next; serve(k, ids): item k's rows at
+        the ids that came here. Returns each item's rows of this batch, in the order of its
+        ids.
+
+        To each worker go, per item, how many next ids it gets (the header), those ids,
+        then the rows it asked of this worker (it knows how many: it asked); ids and
+        counts ride as the bits of row elements (bitcast, exact)."""
+        n, count = self.n, len(now)
+        asked = [(ahead.carry(tf.int64, [None], f"{name}_asked_{k}"),
+                  ahead.carry(tf.int32, [n], f"{name}_came_{k}"))
+                 for k in range(count)]  # what came here a step ago: this batch's ids
         rows = [serve(k, ids) for k, (ids, _) in enumerate(asked)]
-        return self.rows_back([(r, came, splits) for r, (_, came), (_, splits)
-                               in zip(rows, asked, now)], f"{name}_rows")
+        dtype = rows[0].dtype
+        if any(r.dtype != dtype for r in rows):
+            raise NotYetSupportedError(
+                "Config(ids_ahead=True): the sharded variables looked up in one step have "
+                f"different dtypes ({', '.join(sorted({r.dtype.name for r in rows}))}); "
+                "leave ids_ahead False")
+        per = _per_int64(dtype)
+        widths = [int(r.shape[1]) for r in rows]
+        ids_to = [tf.split(_as_elements(ids, dtype), splits * per, num=n)
+                  for ids, splits in ahead_items]
+        rows_to = [tf.split(r, came, num=n) for r, (_, came) in zip(rows, asked)]
+        counts = tf.stack([splits for _, splits in ahead_items], axis=1)  # [n, items]
+        send = []
+        for d in range(n):
+            send.append(_as_elements(tf.cast(counts[d], tf.int64), dtype))
+            send.extend(ids_to[k][d] for k in range(count))
+            send.extend(tf.reshape(rows_to[k][d], [-1]) for k in range(count))
+        sizes = (count * per + tf.add_n([splits * per for _, splits in ahead_items])
+                 + tf.add_n([came * w for (_, came), w in zip(asked, widths)]))
+        got, got_sizes = self.run(tf.concat(send, 0), sizes, name)
+        chunks = tf.split(got, got_sizes, num=n)
+        next_ids, next_came, back = [[] for _ in now], [[] for _ in now], [[] for _ in now]
+        for src in range(n):
+            header = tf.cast(_from_elements(chunks[src][:count * per], dtype), tf.int32)
+            mine = tf.stack([splits[src] for _, splits in now])  # rows asked of src
+            body = tf.split(chunks[src][count * per:],
+                            tf.concat([header * per, mine * tf.constant(widths, tf.int32)], 0),
+                            num=2 * count)
+            for k in range(count):
+                next_ids[k].append(_from_elements(body[k], dtype))
+                next_came[k].append(header[k])
+                back[k].append(tf.reshape(body[count + k], [-1, widths[k]]))
+        # Before the first step (and after a restore) no rows are due: the ids alone.
+        if count == 1:
+            first = [self.run(ahead_items[0][0], ahead_items[0][1], f"{name}_first_ids")]
+        else:
+            first = [(ids, came) for ids, _, came in self.many(
+                [(ids, None, splits) for ids, splits in ahead_items], f"{name}_first_ids")]
+        for k in range(count):
+            ahead.carry_next(f"{name}_asked_{k}", tf.concat(next_ids[k], 0), first[k][0])
+            ahead.carry_next(f"{name}_came_{k}", tf.stack(next_came[k]), first[k][1])
+        return [tf.concat(b, 0) for b in back]
 
     def _ask_owners(self, items, serve, name: str):
         if len(items) == 1:
@@ -463,16 +502,13 @@ class _Exchanges:
         per item (ids, rows or None, how many came from each worker)."""
         n, count = self.n, len(items)
         dtype = next((r.dtype for _, r, _ in items if r is not None), tf.int64)
-        per = 1 if dtype.size == 8 else 8 // dtype.size  # elements of one int64
+        per = _per_int64(dtype)
 
         def to_elements(x64):
-            return x64 if dtype == tf.int64 else tf.reshape(tf.bitcast(x64, dtype), [-1])
+            return _as_elements(x64, dtype)
 
         def from_elements(e):
-            if dtype == tf.int64:
-                return e
-            return tf.reshape(tf.bitcast(tf.reshape(e, [-1, per]) if per > 1 else e,
-                                         tf.int64), [-1])
+            return _from_elements(e, dtype)
 
         widths, pieces = [], []
         for ids, rows, splits in items:
@@ -666,6 +702,24 @@ def _hosts(plan: Plan) -> List[List[int]]:
         out.append(list(range(first, first + slots)))
         first += slots
     return out
+
+
+def _per_int64(dtype: tf.DType) -> int:
+    """Elements of `dtype` that hold the bits of one int64."""
+    return 1 if dtype.size == 8 else 8 // dtype.size
+
+
+def _as_elements(x64: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """int64 values as the bits of `dtype` elements (flat; bitcast, exact)."""
+    return x64 if dtype == tf.int64 else tf.reshape(tf.bitcast(x64, dtype), [-1])
+
+
+def _from_elements(e: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """The int64 values whose bits `e` holds (`_as_elements` undone)."""
+    if dtype == tf.int64:
+        return e
+    per = _per_int64(dtype)
+    return tf.reshape(tf.bitcast(tf.reshape(e, [-1, per]) if per > 1 else e, tf.int64), [-1])
 
 
 def _depends_on(tensors, ops) -> bool:
