@@ -52,16 +52,20 @@ class RowReads:
         dataclasses.field(default_factory=list)
 
 
-def training_ops(roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
-    """The ops a training step runs: everything the update ops `roots` depend on."""
+def upstream(roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
+    """`roots` and every op they read from or wait for (data and control inputs)."""
     seen, stack = set(), list(roots)
     while stack:
         op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+        if op not in seen:
+            seen.add(op)
+            stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
     return seen
+
+
+def training_ops(roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
+    """The ops a training step runs: everything the update ops `roots` depend on."""
+    return upstream(roots)
 
 
 def row_reads(var_op: tf.Operation, updates: Set[tf.Operation],

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tfpar.runtime import checkpoint, job, liveness
 from tfpar.runtime import trials
 from tfpar.graph.analysis import analyse
+from tfpar.graph.row_reads import upstream
 from tfpar.plan.config import Config
 from tfpar.errors import raise_blockers, TfparError, summary
 from tfpar.plan import Plan
@@ -570,12 +571,7 @@ class Runner:
 
     def _consumes(self, mapped) -> bool:
         """Whether running `mapped` reads the staged batch (it trains on it)."""
-        elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
-                    if isinstance(x, (tf.Tensor, tf.Operation))]
-        key = tuple(x.name for x in elements)
-        if key not in self._consumes_cache:
-            self._consumes_cache[key] = _reaches(elements, self._ahead_reads)
-        return self._consumes_cache[key]
+        return _reaches(mapped, self._ahead_reads, self._consumes_cache)
 
     def _where(self) -> str:
         """Where this worker's running training step waits, from its stage markers (read by
@@ -588,12 +584,7 @@ class Runner:
 
     def _is_step(self, mapped) -> bool:
         """Whether running `mapped` is a training step: it reaches a collective."""
-        elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
-                    if isinstance(x, (tf.Tensor, tf.Operation))]
-        key = tuple(x.name for x in elements)
-        if key not in self._is_step_cache:
-            self._is_step_cache[key] = _reaches(elements, self._collective)
-        return self._is_step_cache[key]
+        return _reaches(mapped, self._collective, self._is_step_cache)
 
     def communication(self, mean_over_workers: bool = False) -> Dict[str, float]:
         """Bytes this worker moved so far, per path, from the tensors actually sent.
@@ -769,19 +760,15 @@ _RESTORE_OP = re.compile(r"(^|/)save(_\d+)?/restore_all$")
 _SAVE_OP = re.compile(r"(^|/)save(_\d+)?/control_dependency(_\d+)?$")
 
 
-def _reaches(ops, names) -> bool:
-    """Whether running `ops` runs an op named in `names` (data and control inputs)."""
-    seen, stack = set(), list(ops)
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.name in names:
-            return True
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return False
+def _reaches(mapped, names, cache: Dict[tuple, bool]) -> bool:
+    """Whether running the fetches `mapped` runs an op named in `names` (data and control
+    inputs); remembered in `cache` by the fetches' names."""
+    elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
+                if isinstance(x, (tf.Tensor, tf.Operation))]
+    key = tuple(x.name for x in elements)
+    if key not in cache:
+        cache[key] = any(op.name in names for op in upstream(elements))
+    return cache[key]
 
 
 def is_saver_op(name: str) -> bool:

@@ -29,6 +29,7 @@ from typing import Dict, Iterable, List, Set
 import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError
+from tfpar.graph.row_reads import upstream as graph_upstream
 from tfpar.transform import surgery
 
 SCOPE = "tfpar/input_ahead"
@@ -43,7 +44,7 @@ class InputAhead:
     def __init__(self, graph: tf.Graph, ids: Iterable[tf.Tensor], what: str):
         self.g = graph
         ids = list(ids)
-        upstream = _upstream(ids)
+        upstream = graph_upstream(t.op for t in ids)
         for op in upstream:
             if op.type in _NOT_INPUT:
                 raise NotYetSupportedError(
@@ -178,18 +179,6 @@ class InputAhead:
                             f"tensor {t.name!r} directly; it must read the staged batch. "
                             "Put every sparse variable on route 'sharded', or leave ids_ahead "
                             "False")
-
-
-def _upstream(tensors: List[tf.Tensor]) -> Set[tf.Operation]:
-    seen, stack = set(), [t.op for t in tensors]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return seen
 
 
 def _is_source(op: tf.Operation) -> bool:

@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError
 from tfpar.graph.naming import safe_name
-from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops
+from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops, upstream
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery
 from tfpar.transform.input_ahead import InputAhead
@@ -725,18 +725,7 @@ def _from_elements(e: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
 def _depends_on(tensors, ops) -> bool:
     """Whether any of `tensors` is computed from (or waits for) any op in `ops`."""
     targets = set(ops)
-    if not targets:
-        return False
-    seen, stack = set(), [t.op for t in tensors]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if op in targets:
-            return True
-        stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
-    return False
+    return bool(targets) and not targets.isdisjoint(upstream(t.op for t in tensors))
 
 
 def _update_ops_of(graph: tf.Graph, plan: Plan) -> List[tf.Operation]:
