@@ -116,6 +116,10 @@ def main():
                    "remembered for the next run), or 'force': time them again")
     p.add_argument("--search-trials", type=int, default=5,
                    help="at most this many route trials (with --search-routes)")
+    p.add_argument("--ids-ahead", action="store_true",
+                   help="with --sparse-route sharded (and no local aggregation): read the "
+                   "input a step ahead and send the next batch's ids to their owners "
+                   "during this step (tfpar.Config(ids_ahead=True))")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--json", help="write the timing and traffic summary here (worker 0)")
     args = p.parse_args()
@@ -127,7 +131,8 @@ def main():
                               args.local_aggregation
                               or ("off" if args.no_local_aggregation else "on")],
                           search_routes={None: False, "on": True, "force": "force"}[
-                              args.search_routes], search_trials=args.search_trials)
+                              args.search_routes], search_trials=args.search_trials,
+                          ids_ahead=args.ids_ahead)
     with tfpar.get_runner(graph, config=config) as runner:              # tfpar line 2 of 2
         if runner.is_chief:
             print(runner.plan, flush=True)

@@ -47,6 +47,26 @@ def test_the_lm_trains_as_a_plain_session_with_its_ids_a_step_ahead():
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_feature_column_recommender_trains_as_a_plain_session():
+    """examples/recommender.py: ten tables looked up by feature columns (sparse segment
+    sums of ids gathered from the input's rows), FTRL and Adagrad."""
+    from examples import recommender
+
+    def build():
+        return recommender.build_graph(items=2000, batch_size=32, examples=2000)
+    graph, loss, train = build()
+    with tf1.Session(graph=graph) as session:
+        session.run(tf1.global_variables_initializer())
+        want_losses = [session.run([loss, train])[0] for _ in range(4)]
+        want = session.run(_variables(graph))
+    graph, loss, train = build()
+    with tfpar.get_runner(graph, config=AHEAD) as runner:
+        assert runner.plan.ids_ahead
+        assert [runner.run([loss, train])[0] for _ in range(4)] == want_losses
+        for a, b in zip(runner.run(_variables(graph)), want):
+            np.testing.assert_array_equal(a, b)
+
+
 def _finite(noise=True):
     """Five batches of ids, a random op on them (another source), an embedding."""
     graph = tf.Graph()
