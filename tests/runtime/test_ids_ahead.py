@@ -113,6 +113,17 @@ def test_every_batch_trains_once_and_the_end_surfaces_after_the_last():
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_feed_of_the_batch_read_ahead_is_refused():
+    """A plain session would train on a fed batch tensor; the step reads the staged batch,
+    so a feed of it would be ignored: refused, naming it, before anything runs."""
+    graph, ids, loss, train = _finite()
+    with tfpar.get_runner(graph, config=AHEAD) as runner:
+        with pytest.raises(tfpar.TfparError, match=r"feed of '.*IteratorGetNext:0'.*step "
+                                                   r"ahead.*leave ids_ahead False"):
+            runner.run(train, feed_dict={ids: np.arange(8)})
+        runner.run(train)  # the job goes on
+
+
 def test_a_checkpoint_keeps_the_batch_read_ahead(tmp_path, caplog):
     """Saved after 3 steps (the 4th batch read ahead, its iterator a batch further): a new
     runner that restores it trains on the 4th batch next, as the first would have; one

@@ -524,6 +524,14 @@ class Runner:
         feeds = None
         if feed_dict:
             feeds = {self._element(k, feed=True): v for k, v in feed_dict.items()}
+            staged = [k.name for k in feeds if self._ahead is not None
+                      and getattr(k, "name", None) in self._ahead.replaced]
+            if staged:  # the step reads the batch staged a step ago, not this tensor
+                raise TfparError(
+                    f"feed of {staged[0]!r}: with Config(ids_ahead=True) the input is read "
+                    "a step ahead, and the step trains on the staged batch, not on this "
+                    "tensor; feed an input of your own (a placeholder) or leave ids_ahead "
+                    "False")
         step = self._is_step(mapped)
         if self._liveness is None or not step:
             out = self._execute(mapped, feeds, options, run_metadata)
