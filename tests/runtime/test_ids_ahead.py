@@ -68,17 +68,22 @@ def test_a_feature_column_recommender_trains_as_a_plain_session():
 
 
 def _finite(noise=True):
-    """Five batches of ids, a random op on them (another source), an embedding."""
+    """Five batches of ids checked by an assertion that the ids and the loss wait for, a
+    random op on them (another source), an embedding."""
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(3)
         dataset = tf.data.Dataset.range(40).map(lambda i: (i * 7) % 50).batch(8)
         ids = tf1.data.make_one_shot_iterator(dataset).get_next()
+        check = tf.raw_ops.Assert(condition=tf.reduce_all(ids < 50), data=[ids])  # no outputs
+        with tf.control_dependencies([check]):
+            ids = tf.identity(ids)
         scale = 1.0 + tf1.random_uniform(tf.shape(ids), seed=2) if noise else 1.0
         emb = tf1.get_variable("emb", [50, 4],
                                initializer=tf1.random_uniform_initializer(seed=1))
         x = tf.nn.embedding_lookup(emb, ids)
-        loss = tf.reduce_mean(tf.reduce_sum(x * x, 1) * scale)
+        with tf.control_dependencies([check]):
+            loss = tf.reduce_mean(tf.reduce_sum(x * x, 1) * scale)
         train = tf1.train.AdagradOptimizer(0.5).minimize(loss)
     return graph, ids, loss, train
 
@@ -118,7 +123,7 @@ def test_a_feed_of_the_batch_read_ahead_is_refused():
     so a feed of it would be ignored: refused, naming it, before anything runs."""
     graph, ids, loss, train = _finite()
     with tfpar.get_runner(graph, config=AHEAD) as runner:
-        with pytest.raises(tfpar.TfparError, match=r"feed of '.*IteratorGetNext:0'.*step "
+        with pytest.raises(tfpar.TfparError, match=r"feed of 'Identity:0'.*step "
                                                    r"ahead.*leave ids_ahead False"):
             runner.run(train, feed_dict={ids: np.arange(8)})
         runner.run(train)  # the job goes on

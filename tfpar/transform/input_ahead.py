@@ -80,6 +80,7 @@ class InputAhead:
                     assigns.append(nxt.assign(t, read_value=False))
             self.fetch_next = tf.group(*assigns, name=f"{SCOPE}/fetch_next")
             self._fetch_assigns = set(assigns)
+            self._copies: Dict[str, Dict[tf.Operation, tf.Operation]] = {}
             self._current = self._copy(current_reads, f"{SCOPE}/current/")
             self._next = self._copy(next_reads, f"{SCOPE}/next/")
         self._reads = [r.op for r in current_reads.values()]
@@ -89,9 +90,11 @@ class InputAhead:
         self._rewire()
 
     def _copy(self, reads: Dict[tf.Tensor, tf.Tensor], scope: str) -> Dict[tf.Tensor, tf.Tensor]:
-        """{source or pure tensor: the same tensor computed from `reads`}."""
+        """{source or pure tensor: the same tensor computed from `reads`}; the pure ops'
+        copies are kept in `_copies[scope]` (an op without outputs too: an assertion)."""
         copies = surgery.clone_ops(self.pure, reads, scope, lambda op, ins: op.device,
                                    keep_control=lambda c: c not in self._staged)
+        self._copies[scope] = copies
         out = dict(reads)
         for old, new in copies.items():
             out.update(zip(old.outputs, new.outputs))
@@ -110,8 +113,12 @@ class InputAhead:
                     surgery.replace_control_inputs(op, [dep], self._current_op(dep))
 
     def _current_op(self, op: tf.Operation) -> tf.Operation:
-        return next(self._current[t].op for t in op.outputs if t in self._current) \
-            if op.outputs else self.fetch_next
+        """What a wait for staged op `op` waits for in the step: its copy on `current` (a
+        source: the read of its staged value)."""
+        copies = self._copies[f"{SCOPE}/current/"]
+        if op in copies:
+            return copies[op]
+        return next(self._current[t].op for t in op.outputs)
 
     def current(self, t: tf.Tensor) -> tf.Tensor:
         """`t` as the step computes it (from the batch it trains on)."""
