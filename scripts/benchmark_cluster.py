@@ -211,7 +211,8 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm"):
                      "--warmup", str(warmup), "--log-every", str(warmup)]
 
 
-def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, model="lm"):
+def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, model="lm",
+            per_host=2):
     """Runs one job; returns its summary with the wire bytes between the warm-up step and
     the last step."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -220,7 +221,7 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, mod
         # default 30 s per operation on 100 Mbit/s links at N = 6.
         cmd, env = horovodrun_command(
             n, [*command(system, vocab, batch, steps, warmup, hosts, model), "--json", out],
-            cluster.hosts_arg(2, hosts), cluster, REPO,
+            cluster.hosts_arg(per_host, hosts), cluster, REPO,
             {"HOROVOD_GLOO_TIMEOUT_SECONDS": "600"}, log_level="3")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, cwd=REPO)
@@ -266,7 +267,10 @@ def plan_steps(system, vocab, batch, n, hosts, rate, rows, steps, warmup):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--hosts", type=int, nargs="+", default=[2], help="hosts per run (N = 2x)")
+    p.add_argument("--hosts", type=int, nargs="+", default=[2],
+                   help="hosts per run (N = hosts x --per-host)")
+    p.add_argument("--per-host", type=int, default=2,
+                   help="workers per host (1: no two workers share a host's CPU cores)")
     p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
     p.add_argument("--vocabs", type=int, nargs="+", default=[200_000, 50_000])
     p.add_argument("--batch", type=int, default=2048, help="words per worker per step")
@@ -306,9 +310,10 @@ def main():
     for rate in args.rates:
         with EmulatedCluster(hosts=max(args.hosts), rate=rate, name="tfpb") as cluster:
             for hosts in args.hosts:
-                n = 2 * hosts
+                n = args.per_host * hosts
                 for vocab in args.vocabs:
-                    counts = batch_rows(vocab, args.batch) if args.model == "lm" else None
+                    counts = (batch_rows(vocab, args.batch, args.per_host)
+                              if args.model == "lm" else None)
                     runs = {s: [] for s in args.systems}
                     for _ in range(args.repeats):
                         for system in args.systems:
@@ -317,7 +322,8 @@ def main():
                                                        args.warmup)
                             try:
                                 r = run_one(cluster, system, vocab, args.batch, n, hosts,
-                                            steps, warmup, args.timeout, args.model)
+                                            steps, warmup, args.timeout, args.model,
+                                            args.per_host)
                             except RuntimeError as e:  # reported, and the others go on
                                 print(f"{rate} N={n} vocab={vocab:,} {LABELS[system]}: {e}"
                                       [-6000:], flush=True)
@@ -464,7 +470,8 @@ def write(rows, args, argv=None, stamp=None):
     unit = "words" if model == "lm" else "examples"
     text = [f"# {title} on an emulated cluster\n\n`{invocation(argv)}`, "
             f"{stamp}, on {machine()}. Hosts are network namespaces on this one machine "
-            "(tfpar.testing.emulate), 2 workers each, links shaped with tc tbf; all processes share "
+            f"(tfpar.testing.emulate), {rows[0]['workers'] // rows[0]['hosts']} worker(s) each, "
+            "links shaped with tc tbf; all processes share "
             f"the machine's CPU cores. {args.batch} {unit} per worker per step; median of "
             f"{args.repeats} interleaved run(s). Wire bytes: the hosts' link counters between "
             "the warm-up step and the last step, divided by steps and workers. "
