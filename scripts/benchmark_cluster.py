@@ -431,14 +431,23 @@ def density_table(rows):
         chosen = sorted(set(r["routes"].values()))
         if len({route for route, _ in fixed.values()}) < 2:
             verdict = "-"
+        elif len(chosen) == 1 and chosen[0] not in {route for route, _ in fixed.values()}:
+            best = min(t for _, t in fixed.values())
+            verdict = (f"{chosen[0]}, not measured alone: "
+                       + (f"{best / r['step_time_s']:.2f}x faster than" if r["step_time_s"] < best
+                          else f"{r['step_time_s'] / best:.2f}x the time of")
+                       + " the fastest route measured")
         elif len(chosen) == 1:
             best = min(t for _, t in fixed.values())
             near = sorted({route for route, t in fixed.values() if t <= 1.05 * best})
             verdict = ("yes" if chosen[0] in near else "no") + (
                 f" (within 5%: {', '.join(near)})" if len(near) > 1 else "")
         else:
-            verdict = (f"routes mixed: {min(t for _, t in fixed.values()) / r['step_time_s']:.2f}x"
-                       " faster")
+            best = min(t for _, t in fixed.values())
+            verdict = ("routes mixed: " + (f"{best / r['step_time_s']:.2f}x faster than"
+                                           if r["step_time_s"] < best else
+                                           f"{r['step_time_s'] / best:.2f}x the time of")
+                       + " the fastest fixed route")
         alpha = r["alpha"]
         counted = ", ".join(f"{route} x{sum(1 for v in r['routes'].values() if v == route)}"
                             for route in chosen)
