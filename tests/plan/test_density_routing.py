@@ -74,23 +74,6 @@ def test_few_rows_of_a_large_variable_go_to_allgather_when_latency_dominates():
     assert many.route == "ps" and "an allgather of" in many.reason
 
 
-def test_each_tensor_allgathered_is_priced_so_many_tables_leave_the_allgather():
-    # Horovod fuses allreduces but runs allgathers one by one: each variable's values and
-    # ids cost `allgather_each_s` more. One small-batch table stays on the allgather (its
-    # two tensors add 0.2 ms, less than the three all-to-alls' 2.4 ms less the allgather's
-    # 1 ms); ten tables would add 2 ms, so they go to sharded rows (one exchange for all).
-    fast = routing.Links(latency_s=1e-3, per_byte_s=1e-9, alltoall_latency_s=0.8e-3,
-                         allgather_each_s=0.1e-3)
-    one = candidate(128 / 100_000)
-    assert routing.decide((one,), 4, fast)["emb"].route == "allgather"
-    plain = dataclasses.replace(fast, allgather_each_s=None)
-    assert (routing.decide((one,), 4, fast)["emb"].allgather_s
-            == pytest.approx(routing.decide((one,), 4, plain)["emb"].allgather_s + 0.2e-3))
-    ten = tuple(candidate(128 / 100_000, name=f"t{i}") for i in range(10))
-    assert {c.route for c in routing.decide(ten, 4, fast).values()} == {"sharded"}
-    assert {c.route for c in routing.decide(ten, 4, plain).values()} == {"allgather"}
-
-
 def test_duplicate_ids_are_costed_on_the_allgather_route():
     # 1,000 distinct rows per step but 4,000 ids: the allgather sends every id's row.
     once = routing.Candidate("emb", 100_000, 256, 0.01, sent_rows=1000)

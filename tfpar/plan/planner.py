@@ -398,11 +398,6 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
                          + ("" if density.links.dense_per_byte_s is None else
                             f"{density.links.dense_per_byte_s * 1e9:.4f} ns per byte of a "
                             "dense route's tensor, ")
-                         + ("" if density.links.alltoall_latency_s is None else
-                            f"{1e3 * density.links.alltoall_latency_s:.3f} ms per all-to-all, ")
-                         + ("" if density.links.allgather_each_s is None else
-                            f"{1e3 * density.links.allgather_each_s:.3f} ms per more "
-                            "tensor allgathered, ")
                          + f"alpha "
                          f"over {density.steps} step(s) per worker")
         notes.extend(routing.describe(name, c) for name, c in sorted(density.choices.items()))

@@ -42,8 +42,6 @@ SHARDED_EXCHANGES = 3
 # the row gradients to it.
 SHARDED_HOST_EXCHANGES = 3
 INDEX_BYTES = 8  # an int64 row id, sent with every pulled and pushed row
-# Tensors the allgather route gathers per gradient: its values and its ids.
-ALLGATHER_TENSORS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +62,6 @@ class Links:
     # Time of a tiny all-to-all, the cost of one of route "sharded"'s exchanges (None:
     # latency_s).
     alltoall_latency_s: Optional[float] = None
-    # What each more tensor allgathered in the same round adds (None: nothing). Horovod
-    # fuses allreduces but runs allgathers one by one, so the allgather route pays it for
-    # every variable's values and ids; the other routes exchange all variables at once.
-    allgather_each_s: Optional[float] = None
 
     @property
     def alltoall_s(self) -> float:
@@ -88,10 +82,8 @@ class Links:
         return max(moved - c.aggregation_s, moved / 2)
 
     def allgather_s(self, c: "Candidate", n: int) -> float:
-        """Predicted seconds of the allgather route of `c` per step: its bytes, and its
-        tensors (values and ids of each gradient), each a collective of its own."""
-        each = self.allgather_each_s or 0.0
-        return allgather_bytes(c, n) * self.per_byte_s + ALLGATHER_TENSORS * c.gradients * each
+        """Predicted seconds of the allgather route of `c` per step."""
+        return allgather_bytes(c, n) * self.per_byte_s
 
     def sharded_s(self, c: "Candidate", n: int) -> float:
         """Predicted seconds of the sharded route's bytes of `c` per step, less what

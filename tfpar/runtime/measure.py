@@ -159,8 +159,7 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
     dense_per_byte: the slope of the dense route itself (rows summed into a [rows, 64+1]
     tensor, allreduced, touched rows gathered back) against that tensor's bytes, so the
     local passes over it count too. alltoall_latency: the fastest tiny all-to-all (route
-    "sharded"'s exchange). allgather_each: what each of 8 tiny allgathers in one run adds
-    to one (Horovod runs them one by one). Each probe grows 4x until it takes 10x the latency
+    "sharded"'s exchange). Each probe grows 4x until it takes 10x the latency
     and at least 20 ms, so bytes, not noise, decide the slope. Rank 0's timings decide
     (each growth step too), so every rank runs the same collectives and gets the same fit.
     """
@@ -180,15 +179,11 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
     dense = (rows - 8) * (_PROBE_COLUMNS + 1) * 4
     dense_per_byte = max(t_many - t_rows, 0.0) / dense
     t_alltoall = _agreed(_time(_plain_alltoall, 1, repeats, f"{tag}_alltoall"))
-    t_gather = _agreed(_time(_plain_allgathers, 1, repeats, f"{tag}_allgather"))
-    t_gathers = _agreed(_time(_plain_allgathers, _GATHERS, repeats, f"{tag}_allgathers"))
     return Links(latency_s=t_small, per_byte_s=per_byte, dense_per_byte_s=dense_per_byte,
-                 alltoall_latency_s=t_alltoall,
-                 allgather_each_s=max(t_gathers - t_gather, 0.0) / (_GATHERS - 1))
+                 alltoall_latency_s=t_alltoall)
 
 
 _PROBE_COLUMNS = 64
-_GATHERS = 8  # tiny allgathers in one run: what each one more adds
 
 
 def _grow(timed, start: int, t_small: float, limit: int):
@@ -216,14 +211,6 @@ def _plain_alltoall(k: int, name: str):
     hvd = job.horovod()
     return hvd.alltoall(_variable(tf.ones([k * hvd.size()], tf.float32)), name=name,
                         ignore_name_scope=True)[0]
-
-
-def _plain_allgathers(k: int, name: str):
-    """`k` tiny allgathers in one run, as the allgather route gathers each variable's values
-    and ids."""
-    hvd = job.horovod()
-    return [hvd.allgather(_variable(tf.ones([8, 4], tf.float32)), name=f"{name}_{i}",
-                          ignore_name_scope=True) for i in range(k)]
 
 
 def _dense_route(rows: int, name: str):
