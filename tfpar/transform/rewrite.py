@@ -1,8 +1,8 @@
 """`rewrite`: every graph edit a plan asks of one worker's copy of the training graph.
 
 The runner calls this once per session it starts; the transforms it chains (tiles,
-parameter servers, allreduce and allgather, batch norms over the global batch, then the
-traffic counters and device pinning)
+parameter servers, allreduce and allgather, batch norms over the global batch, sparse
+lookups of whole tables kept as built, then the traffic counters and device pinning)
 decide nothing: what they do is in the plan.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tfpar.transform.allreduce import apply_allreduce
 from tfpar.transform.batch_norm import apply_sync_batch_norm
 from tfpar.transform.parameter_server import PsRewrite, apply_parameter_server, worker_device
 from tfpar.transform.input_ahead import InputAhead
+from tfpar.transform.lookups import keep_lookups_gathered
 from tfpar.transform.sharded import apply_sharding
 from tfpar.transform.stages import Markers
 from tfpar.transform.tiled import TiledRewrite, apply_tiling
@@ -55,6 +56,7 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     markers.attach("joined", [graph.get_tensor_by_name(t) for t in combined.values()],
                    _collective_updates(graph, plan))
     apply_sync_batch_norm(graph, plan, traffic)  # last: it rewires what the others read
+    keep_lookups_gathered(graph, _updated_in_place(plan))
     _count_steps(graph, plan, ps, traffic.build(), tiled)
     if distributed:
         _pin_to_worker(graph, rank)
@@ -72,6 +74,13 @@ def _joined(tiled: Optional[TiledRewrite], sharded) -> Optional[TiledRewrite]:
     if tiled is None:
         return TiledRewrite(dict(sharded.tiles), list(sharded.updates))
     return TiledRewrite({**tiled.tiles, **sharded.tiles}, tiled.updates + sharded.updates)
+
+
+def _updated_in_place(plan: Plan):
+    """The sparse variables each worker keeps whole and updates with sparse updates (the
+    others live on the servers or are split)."""
+    return [v.name for v in plan.variables if v.kind == "sparse" and v.slot_of is None
+            and v.route not in ("ps", "sharded", "tiled")]
 
 
 def _collective_updates(graph: tf.Graph, plan: Plan):

@@ -6,6 +6,7 @@ one small module, and its tests say so.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Dict, Iterable, List
 
 import tensorflow as tf
@@ -23,6 +24,20 @@ def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Iterable[tf.Operation] = 
                 consumer._update_input(i, new)  # pylint: disable=protected-access
                 count += 1
     return count
+
+
+@contextlib.contextmanager
+def in_context_of(op: tf.Operation):
+    """Ops created inside are in `op`'s control-flow context (a TF1 cond or while loop),
+    as if built beside it."""
+    graph = op.graph
+    # pylint: disable=protected-access
+    outer = graph._get_control_flow_context()
+    graph._set_control_flow_context(op._get_control_flow_context())
+    try:
+        yield
+    finally:
+        graph._set_control_flow_context(outer)
 
 
 def replace_input(op: tf.Operation, index: int, new: tf.Tensor) -> None:
