@@ -179,11 +179,11 @@ def density_of(summary):
 
 
 # -- running one system ---------------------------------------------------------------------
-def command(system, vocab, batch, steps, warmup, hosts, model="lm"):
+def command(system, vocab, batch, steps, warmup, hosts, model="lm", partitions=None):
     if system in ("HYBRID", "AR", "PS") or system.startswith(("HYBRID_", "PS_")):
         mode, _, variant = system.partition("_")
         script = [os.path.join(REPO, "examples", f"{model}.py"), "--run-mode", mode,
-                  "--partitions", str(hosts)]
+                  "--partitions", str(partitions or hosts)]
         if model == "recommender" and variant == "":
             variant = "ps"  # its own default is "auto"
         script += {"": [], "auto": ["--sparse-route", "auto"],
@@ -212,7 +212,7 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm"):
 
 
 def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, model="lm",
-            per_host=2):
+            per_host=2, partitions=None):
     """Runs one job; returns its summary with the wire bytes between the warm-up step and
     the last step."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -220,7 +220,8 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, mod
         # The start-up broadcast of 200k-row variables and their slots takes over Gloo's
         # default 30 s per operation on 100 Mbit/s links at N = 6.
         cmd, env = horovodrun_command(
-            n, [*command(system, vocab, batch, steps, warmup, hosts, model), "--json", out],
+            n, [*command(system, vocab, batch, steps, warmup, hosts, model, partitions), "--json",
+                out],
             cluster.hosts_arg(per_host, hosts), cluster, REPO,
             {"HOROVOD_GLOO_TIMEOUT_SECONDS": "600"}, log_level="3")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -271,6 +272,9 @@ def main():
                    help="hosts per run (N = hosts x --per-host)")
     p.add_argument("--per-host", type=int, default=2,
                    help="workers per host (1: no two workers share a host's CPU cores)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="parts of each variable on the parameter servers (default: one "
+                        "per host)")
     p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
     p.add_argument("--vocabs", type=int, nargs="+", default=[200_000, 50_000])
     p.add_argument("--batch", type=int, default=2048, help="words per worker per step")
@@ -323,7 +327,7 @@ def main():
                             try:
                                 r = run_one(cluster, system, vocab, args.batch, n, hosts,
                                             steps, warmup, args.timeout, args.model,
-                                            args.per_host)
+                                            args.per_host, args.partitions)
                             except RuntimeError as e:  # reported, and the others go on
                                 print(f"{rate} N={n} vocab={vocab:,} {LABELS[system]}: {e}"
                                       [-6000:], flush=True)

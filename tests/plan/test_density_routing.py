@@ -169,7 +169,9 @@ def test_local_aggregation_spares_the_servers_and_the_sharded_routes_their_share
     c = dataclasses.replace(candidate(0.01), aggregation_s=saving)
     plain = routing.decide((candidate(0.01),), 4, links)["emb"]
     spared = routing.decide((c,), 4, links, aggregation=True)["emb"]
-    assert spared.ps_s == pytest.approx(plain.ps_s - saving)
+    # ... and forwards each of its parts (one here) from the host's PS to the part's.
+    assert spared.ps_s == pytest.approx(plain.ps_s - saving
+                                        + routing.AGGREGATED_PART_EXCHANGES * 1e-3)
     assert spared.sharded_s == pytest.approx(plain.sharded_s - 2 * saving)
     assert spared.route == "sharded"  # the same bytes, a cheaper exchange
     # Without the sharded route (a whole read of the variable), the servers' bytes win.
@@ -185,6 +187,24 @@ def test_local_aggregation_auto_prices_one_more_all_to_all_for_sharded_rows():
     assert sharded.cost_s == pytest.approx(1.5e-3) and sharded.on  # 2 ms saved
     assert "3 more all-to-alls" in sharded.reason and "exchange" not in sharded.reason
     assert not routing.decide_aggregation(1e5, links, servers=False, sharded=True).on
+
+
+def test_local_aggregation_on_the_servers_pays_for_forwarding_each_part():
+    # The recommender's case (docs/results/ps_parts/): many tables in parts on the
+    # servers: each host's sum of each part is forwarded to the part's server, so
+    # aggregation that pays for one part's bytes does not pay for twenty.
+    links = routing.Links(latency_s=2e-3, per_byte_s=4e-9)
+    one = routing.decide_aggregation(1e6, links, servers=True, parts=1)  # 8 ms spared
+    assert one.on and one.cost_s == pytest.approx(2e-3 * (1 + routing.AGGREGATED_PART_EXCHANGES))
+    many = routing.decide_aggregation(1e6, links, servers=True, parts=20)
+    assert not many.on and "forwarding of 20 parts" in many.reason
+    assert many.cost_s == pytest.approx(2e-3 * (1 + 20 * routing.AGGREGATED_PART_EXCHANGES))
+    # Density routing prices it per variable: its parts, only when the hosts aggregate.
+    c = candidate(0.01)
+    two, eight = (dataclasses.replace(c, parts=k) for k in (2, 8))
+    assert links.ps_s(eight, 4, True) - links.ps_s(two, 4, True) == pytest.approx(
+        6 * routing.AGGREGATED_PART_EXCHANGES * 2e-3)
+    assert links.ps_s(eight, 4) == links.ps_s(two, 4)
 
 
 # -- configuration and plan ---------------------------------------------------------------------

@@ -239,6 +239,8 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
     priced, the faster step taken)."""
     aggregating = (config.local_aggregation is not False and config.sync
                    and len(layout.hosts) > 1 and max(h.slots for h in layout.hosts) > 1)
+    hosts = len(layout.hosts)
+    requested = config.partitions if isinstance(config.partitions, dict) else {}
     candidates = []
     for name, alpha in sorted(alphas.items()):
         v = analysis.variable(name)
@@ -249,7 +251,8 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
             name, v.shape[0], row_bytes, alpha, len(v.updates),
             sent_rows=(sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
             sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
-            aggregation_s=saving))
+            aggregation_s=saving, parts=min(_part_count(v, config, requested, hosts),
+                                            max(v.shape[0], 1))))
     return tuple(candidates), aggregating
 
 
@@ -355,8 +358,11 @@ def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str
         else:  # pushed whole by every worker unless combined by allreduce first
             pushed = sum(1 for g in v.gradients if not g.post_processed)
             spared += pushed * v.nbytes * sum(slots - 1 for _, slots in plan.hosts)
+    parts = sum(len(v.parts) for v in plan.variables
+                if v.route == "ps" and v.slot_of is None and v.kind == "sparse")
     return routing.decide_aggregation(spared * (hosts - 1) / hosts / hosts, links,
-                                      servers="ps" in routes, sharded="sharded" in routes)
+                                      servers="ps" in routes, sharded="sharded" in routes,
+                                      parts=parts)
 
 
 def _sparse_routes(analysis: GraphAnalysis, config: Config,
@@ -534,6 +540,23 @@ def _values_bytes(v: VariableInfo) -> Optional[List[int]]:
     return out
 
 
+def _part_count(v: VariableInfo, config: Config, requested: Dict[str, int],
+                num_ps: int) -> int:
+    """How many parts (row ranges) sparse variable `v` takes on the parameter servers:
+    `requested` ({name: count}: Config.partitions' dict and the searched counts), else
+    Config.partitions' int, else one per PS task."""
+    whole = v.partition is not None and tuple(v.partition.full_shape) == tuple(v.shape)
+    if v.partition is not None and not (whole and v.name in requested):
+        # A piece of the user's own partitioner: keep it whole. (The one piece that a
+        # tfpar.partitioner used as partitioner= leaves is split as requested.)
+        if v.name in requested and requested[v.name] != 1:
+            raise TfparError(f"{v.name!r} is already a piece of the partitioned variable "
+                             f"{v.partition.full_name!r}; its partitioner decides the parts")
+        return 1
+    return requested.get(v.name, config.partitions if isinstance(config.partitions, int)
+                         else num_ps)
+
+
 def _parts(analysis: GraphAnalysis, config: Config, searched: Dict[str, int], on_ps,
            num_ps: int, notes: List[str]) -> Dict[str, Tuple[PartPlan, ...]]:
     """Row ranges of every PS variable, placed on PS tasks by bytes (largest first).
@@ -561,17 +584,7 @@ def _parts(analysis: GraphAnalysis, config: Config, searched: Dict[str, int], on
         if rows is None:
             raise TfparError(f"sparse variable {v.name!r} has an unknown number of rows; "
                              "give it a static shape")
-        whole = v.partition is not None and tuple(v.partition.full_shape) == tuple(v.shape)
-        if v.partition is not None and not (whole and v.name in requested):
-            # A piece of the user's own partitioner: keep it whole. (The one piece that a
-            # tfpar.partitioner used as partitioner= leaves is split as requested.)
-            count = 1
-            if v.name in requested and requested[v.name] != 1:
-                raise TfparError(f"{v.name!r} is already a piece of the partitioned variable "
-                                 f"{v.partition.full_name!r}; its partitioner decides the parts")
-        else:
-            count = requested.get(v.name, config.partitions if isinstance(config.partitions, int)
-                                  else num_ps)
+        count = _part_count(v, config, requested, num_ps)
         if count > rows:
             raise TfparError(f"cannot split variable {v.name!r} into {count} parts: it has only "
                              f"{rows} rows; use tfpar.Config(partitions=...) of at most {rows}")

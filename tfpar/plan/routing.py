@@ -41,6 +41,14 @@ SHARDED_EXCHANGES = 3
 # What local aggregation adds to them: ids to the host's collector and rows back from it,
 # the row gradients to it.
 SHARDED_HOST_EXCHANGES = 3
+# What local aggregation adds to the servers' route for each part (row range) of a variable
+# on them, beside its one more exchange, in exchanges (`Links.latency_s`): each host's sum
+# of a part is taken and forwarded to the part's server by the host's PS, after the host's
+# workers pushed, and the parts' forwards share that process's CPU. Measured on the
+# recommender (2 emulated hosts x 2, 10 tables, 1 Gbit/s; docs/results/ps_parts/): local
+# aggregation cost 13, 21 and 30 ms more per step with 10, 20 and 40 parts, its one
+# exchange ~2 ms; the LM's 6 parts ~5 ms (docs/results/step_breakdown/).
+AGGREGATED_PART_EXCHANGES = 1.0 / 3.0
 INDEX_BYTES = 8  # an int64 row id, sent with every pulled and pushed row
 
 
@@ -75,11 +83,14 @@ class Links:
         # Never less than its allreduce alone (a probe cannot make the bytes free).
         return max(moved, c.rows * (c.row_bytes + 4) * c.gradients * self.dense_per_byte_s)
 
-    def ps_s(self, c: "Candidate", n: int) -> float:
+    def ps_s(self, c: "Candidate", n: int, aggregation: bool = False) -> float:
         """Predicted seconds of the parameter servers' bytes of `c` per step, less what
-        local aggregation keeps off the host links (never below half the bytes' time)."""
+        local aggregation keeps off the host links (never below half the bytes' time),
+        plus, with local aggregation, the forwarding of its parts
+        (`AGGREGATED_PART_EXCHANGES` each)."""
         moved = ps_bytes(c, n) * self.per_byte_s
-        return max(moved - c.aggregation_s, moved / 2)
+        forwards = aggregation * c.parts * AGGREGATED_PART_EXCHANGES * self.latency_s
+        return max(moved - c.aggregation_s, moved / 2) + forwards
 
     def allgather_s(self, c: "Candidate", n: int) -> float:
         """Predicted seconds of the allgather route of `c` per step."""
@@ -118,6 +129,7 @@ class Candidate:
     # its host-shared rows (the rows the workers of a host touch in common) would take on
     # a host link (`aggregation_saving_s`; 0: no aggregation).
     aggregation_s: float = 0.0
+    parts: int = 1  # its parts (row ranges) on the servers' route
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,13 +266,14 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     a tie, then the order of `SPARSE_ROUTES`. `forced` routes are kept (their kinds are
     paid for). aggregation: the hosts aggregate their pushes and row gradients (the
     servers' and the sharded routes gain each candidate's `aggregation_s` and pay one more
-    exchange).
+    exchange, the servers' also the forwarding of each candidate's parts).
     """
     forced = forced or {}
     volume = {c.name: {"allreduce": allreduce_bytes(c, n), "ps": ps_bytes(c, n),
                        "allgather": allgather_bytes(c, n), "sharded": sharded_bytes(c, n)}
               for c in candidates}
-    times = {c.name: {"allreduce": links.allreduce_s(c, n), "ps": links.ps_s(c, n),
+    times = {c.name: {"allreduce": links.allreduce_s(c, n),
+                      "ps": links.ps_s(c, n, aggregation),
                       "allgather": links.allgather_s(c, n), "sharded": links.sharded_s(c, n)}
              for c in candidates}
     allowed = {c.name: allowed_routes(c, n) for c in candidates}
@@ -371,22 +384,26 @@ _FIXED_WHY = {"ps": "their protocol's exchanges",
 
 
 def decide_aggregation(saved_bytes: float, links: Links, servers: bool = True,
-                       sharded: bool = False) -> Aggregation:
+                       sharded: bool = False, parts: int = 0) -> Aggregation:
     """Local aggregation pays when the bytes it keeps off a host's link take longer there
     than the exchanges it adds.
 
     A host link that carries B bytes one way takes about 2 B per_byte_s: `per_byte_s` is
     fitted to an allreduce's bytes sent plus received per worker, which a ring moves over
     full-duplex links in half their sum. The added exchange costs one `latency_s` on the
-    servers' route (push to the host's PS, then the host's sum forwarded) and three
+    servers' route (push to the host's PS, then the host's sum forwarded), plus
+    `AGGREGATED_PART_EXCHANGES` for each of the `parts` the servers hold, and three
     all-to-alls on route "sharded" (ids, rows and row gradients through a worker of the
     host).
     """
     saving = 2.0 * saved_bytes * links.per_byte_s
-    cost_s = servers * links.latency_s + sharded * SHARDED_HOST_EXCHANGES * links.alltoall_s
+    forwards = servers * parts * AGGREGATED_PART_EXCHANGES
+    cost_s = (servers + forwards) * links.latency_s \
+        + sharded * SHARDED_HOST_EXCHANGES * links.alltoall_s
     on = saving > cost_s
     what = " and ".join(w for w, used in (
-        ("one more exchange", servers),
+        ("one more exchange" + (f" and the forwarding of {parts} parts" if forwards else ""),
+         servers),
         (f"{SHARDED_HOST_EXCHANGES} more all-to-alls", sharded)) if used)
     reason = (f"saves {saved_bytes:,.0f} bytes per host link per step "
               f"({1e3 * saving:.3f} ms) {'>' if on else '<='} {what} "
