@@ -114,9 +114,12 @@ def test_the_lm_routes_by_what_it_measured_on_the_links(tmp_path, cluster, rate,
                  for r in ("ps", "sharded")}
         route = min(total, key=total.get)
     assert {summary["routes"][n] for n in sparse} == {route}, (choices, links)
+    # The servers' price includes forwarding each host's sum of the variable's 2 parts
+    # (local aggregation on, the example's default); their bytes are fewer.
+    forwards = 2 * routing.AGGREGATED_PART_EXCHANGES * links["latency_s"]
     for name in sparse:
         c = choices[name]
-        assert c["ps_s"] < c["allgather_s"] < c["allreduce_s"], c  # ids: fewer rows on PS
+        assert c["ps_s"] - forwards < c["allgather_s"] < c["allreduce_s"], c  # ids: fewer rows
         # The same bytes; local aggregation (on) spares the sharded rows the hosts' shared
         # rows both ways, the servers only their pushes.
         assert c["sharded_s"] <= c["ps_s"], c
