@@ -373,8 +373,10 @@ def merged(rows, args):
     for path in args.merge:
         with open(path) as f:
             earlier = json.load(f)
-        args.merged_from.append(invocation(earlier["argv"]))
-        rows = rows + [dict(r, run=len(args.merged_from)) for r in earlier["rows"]
+        base = len(args.merged_from)
+        # Its own merged rows keep their commands: run k of it is run base + 1 + k here.
+        args.merged_from += [invocation(earlier["argv"])] + earlier.get("merged_from", [])
+        rows = rows + [dict(r, run=base + 1 + r.get("run", 0)) for r in earlier["rows"]
                        if key(r) not in mine]
         args.rates = list(dict.fromkeys(args.rates + [r["rate"] for r in earlier["rows"]]))
     order = {s: i for i, s in enumerate(SYSTEMS)}
