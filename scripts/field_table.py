@@ -1,5 +1,5 @@
-"""The README's table of field scripts: every script x mode x TF2/TF1 x {2 workers, 2 x 2 on
-two hosts}, each equal to single-device training or a clear error (tests/support/field_scripts.py;
+"""The README's table of field scripts: every script x mode (HYBRID, PS, AR, and HYBRID with
+route "sharded") x TF2/TF1 x {2 workers, 2 x 2 on two hosts}, each equal to single-device training or a clear error (tests/support/field_scripts.py;
 the suite runs the 2-worker cells in tests/jobs/test_field_scripts.py).
 
     .venv/bin/python -m scripts.field_table [--out docs/field_scripts.md]
@@ -15,6 +15,9 @@ import time
 from tests.jobs import test_field_scripts as table
 
 LAYOUTS = {"2 workers": (2, None), "2 x 2": (4, table.TWO_HOSTS)}
+# HYBRID with every sparse variable's rows sharded over the workers (all-to-all) beside
+# the three modes.
+MODES = (*table.MODES, "SHARDED")
 
 
 def main():
@@ -27,7 +30,7 @@ def main():
         for tf1 in (False, True):
             for layout, (n, hosts) in LAYOUTS.items():
                 ref = table.reference(os.path.join(tmp, f"ref_{tf1}_{n}"), n, tf1)
-                for mode in table.MODES:
+                for mode in MODES:
                     out = os.path.join(tmp, f"{mode}_{tf1}_{n}")
                     results = table.run_cells(out, n, tf1, mode, ref, hosts=hosts)
                     for script, outcome in results.items():

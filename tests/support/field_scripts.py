@@ -22,7 +22,10 @@ sums gradients instead of averaging them). Sizes are tiny: the tests run them fo
   `tf.compat.v1.assign(lr, new_lr)` between epochs, the LSTM's state carried from step to
   step through feeds, a sequence loss, `clip_by_global_norm`, SGD with the lr variable.
 - `wide_deep`: a canned-estimator recommender: feature columns (hashed strings, identity
-  ids, a crossed column, numeric), a linear part trained by FTRL and a DNN by Adagrad,
+  ids, a crossed column, numeric, a multi-valued "tags" feature of 0-3 ids per example
+  padded with -1, duplicates within an example included, summed in the linear part and
+  weighted (`weighted_categorical_column`, combiner "sqrtn") in the DNN's embedding), a
+  linear part trained by FTRL and a DNN by Adagrad,
   `train_op = tf.group(...)` then `assign_add(global_step, 1)` under its control, fetched.
 """
 from __future__ import annotations
@@ -288,7 +291,7 @@ def ptb(vocab=30, size=6, layers=2, steps=3):
         lr=(lr, new_lr, lr_update))
 
 
-def wide_deep(buckets=20, users=15, emb=4):
+def wide_deep(buckets=20, users=15, emb=4, tags=12, tags_per_example=3):
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(5)
@@ -297,14 +300,21 @@ def wide_deep(buckets=20, users=15, emb=4):
             "item": tf1.placeholder(tf.string, [None, 1], name="item"),
             "user": tf1.placeholder(tf.int64, [None, 1], name="user"),
             "age": tf1.placeholder(tf.float32, [None, 1], name="age"),
+            # Multi-valued: feature columns drop the -1 padding (and the zero weights).
+            "tags": tf1.placeholder(tf.int64, [None, tags_per_example], name="tags"),
+            "tag_weight": tf1.placeholder(tf.float32, [None, tags_per_example],
+                                          name="tag_weight"),
         }
         labels = tf1.placeholder(tf.float32, [None, 1], name="label")
         item = fc.categorical_column_with_hash_bucket("item", buckets)
         user = fc.categorical_column_with_identity("user", users)
         age = fc.numeric_column("age")
         crossed = fc.crossed_column(["item", user], 50)
+        tag = fc.categorical_column_with_identity("tags", tags)
+        weighted_tag = fc.weighted_categorical_column(tag, "tag_weight")
         with tf1.variable_scope("linear"):
-            linear_logits = tf1.feature_column.linear_model(features, [item, user, crossed, age])
+            linear_logits = tf1.feature_column.linear_model(
+                features, [item, user, crossed, age, tag])
         with tf1.variable_scope("dnn"):
             # Seeded initialisers: tf-keras's defaults draw per process, and the tests
             # compare every job with one single-device run from the same values.
@@ -312,7 +322,9 @@ def wide_deep(buckets=20, users=15, emb=4):
             embed = tf1.truncated_normal_initializer(stddev=0.5, seed=7)
             net = tf1.feature_column.input_layer(
                 features, [fc.embedding_column(item, emb, initializer=embed),
-                           fc.embedding_column(user, emb, initializer=embed), age])
+                           fc.embedding_column(user, emb, initializer=embed),
+                           fc.embedding_column(weighted_tag, emb, combiner="sqrtn",
+                                               initializer=embed), age])
             net = tf1.layers.dense(net, 5, activation=tf.nn.relu, name="hiddenlayer_0",
                                    kernel_initializer=init)
             dnn_logits = tf1.layers.dense(net, 1, name="logits", kernel_initializer=init)
@@ -330,11 +342,23 @@ def wide_deep(buckets=20, users=15, emb=4):
     def data(n_steps, b):
         rng = np.random.RandomState(4)
         words = np.array([f"item{i}".encode() for i in range(9)])
-        return [{"item:0": words[rng.randint(0, 9, size=(b, 1))],
-                 "user:0": rng.randint(0, users, size=(b, 1)).astype(np.int64),
-                 "age:0": rng.rand(b, 1).astype(np.float32),
-                 "label:0": (rng.rand(b, 1) > 0.5).astype(np.float32)} for _ in range(n_steps)]
-    return graph, Script(["item:0", "user:0", "age:0", "label:0"], train_op, data)
+        steps = []
+        for _ in range(n_steps):
+            # 0 to tags_per_example tags an example (few distinct: repeats within one),
+            # the unused places -1 with weight 0.
+            tag_ids = rng.randint(0, tags // 2, size=(b, tags_per_example)).astype(np.int64)
+            used = np.arange(tags_per_example) < rng.randint(0, tags_per_example + 1,
+                                                              size=(b, 1))
+            steps.append({"item:0": words[rng.randint(0, 9, size=(b, 1))],
+                          "user:0": rng.randint(0, users, size=(b, 1)).astype(np.int64),
+                          "age:0": rng.rand(b, 1).astype(np.float32),
+                          "tags:0": np.where(used, tag_ids, -1),
+                          "tag_weight:0": np.where(used, 0.5 + rng.rand(*used.shape),
+                                                   0.0).astype(np.float32),
+                          "label:0": (rng.rand(b, 1) > 0.5).astype(np.float32)})
+        return steps
+    return graph, Script(["item:0", "user:0", "age:0", "tags:0", "tag_weight:0", "label:0"],
+                         train_op, data)
 
 
 SCRIPTS = {"lm1b": lm1b, "skip_thoughts": skip_thoughts, "nmt": nmt, "ptb": ptb,
