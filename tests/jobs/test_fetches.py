@@ -1,8 +1,10 @@
 """Runner.run fetches and feeds whatever a plain tf.compat.v1.Session does, with its results
 (tests/support/workers/fetches.py): assign-family results of resource (TF2) and reference (TF1)
-variables on a replicated, an allreduced and a parameter-server variable, `tf.group`, an
-assignment's op, IndexedSlices, SparseTensor and string fetches, in HYBRID and PS modes
-on 2 workers. Values agree within fp32 rounding (rtol 1e-6)."""
+variables on a replicated, an allreduced, a parameter-server and a sharded variable,
+`tf.group`, an assignment's op, IndexedSlices, SparseTensor and string fetches, in HYBRID
+and PS modes and with the sparse variable's rows sharded over the workers (an assignment
+of a sharded variable writes every worker's rows; workers that assign different values
+are refused, nothing written), on 2 workers. Values agree within fp32 rounding (rtol 1e-6)."""
 import json
 import os
 
@@ -38,7 +40,8 @@ def test_fetches_equal_a_plain_session(tmp_path, tf1):
                       *(["--tf1"] if tf1 else []), timeout=300)
     assert proc.returncode == 0, proc.stdout[-6000:]
     for mode, routes in (("HYBRID", {"emb": "ps", "w": "allreduce"}),
-                         ("PS", {"emb": "ps", "w": "ps"})):
+                         ("PS", {"emb": "ps", "w": "ps"}),
+                         ("SHARDED", {"emb": "sharded", "w": "allreduce"})):
         for rank in range(2):
             with open(tmp_path / mode / f"rank{rank}.json") as f:
                 compared = json.load(f)

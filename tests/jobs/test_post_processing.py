@@ -4,7 +4,8 @@ The scripts of this field post-process every gradient before the update: clippin
 global norm of all of them (the embedding's included), clipping each sparse gradient by its
 norm, scaling IndexedSlices values by a tensor computed in the graph. They also train one
 variable with two optimizers and keep moving averages of the weights. tfpar reproduces
-these exactly in HYBRID and PS modes: each worker post-processes its share of the
+these exactly in HYBRID and PS modes, and with the sparse variables' rows sharded over
+the workers (`sparse_route="sharded"`): each worker post-processes its share of the
 gradient with every sum over the rows (a norm) summed over workers first, and pushes what
 the update reads. The clipping threshold is below the raw norm at every step (checked), so
 the clip is active. A fused batch norm in training mode is normalised over the global
@@ -28,6 +29,7 @@ from tests.support.reference import equal_single_device_tests
 STEPS, BATCH = 4, 8
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
 CLIP = 0.5  # below the raw global norm of this model at every step (asserted by check)
+SHARDED = {"sparse_route": "sharded"}
 
 
 def sc(name, optimizer, config=None, **model):
@@ -64,6 +66,12 @@ SCENARIOS_2 = [
        use_resource=False),
     sc("ps_momentum_ema_clip_all", "momentum", {"run_mode": "PS"}, ema=True, clip=CLIP),
     sc("hybrid_adam_seq2seq_clip_all", "adam", decoder=True, clip=CLIP),
+    # Route "sharded" (issue 28): the same post-processing on rows sharded over the workers.
+    sc("sharded_adagrad_two_updates", "adagrad", SHARDED, second_update=True),
+    sc("sharded_sgd_clip_all_two_updates_late_read", "sgd", SHARDED, clip=CLIP,
+       second_update="late_read"),
+    sc("sharded_adam_seq2seq_scaled_clip_all", "adam", SHARDED, decoder=True,
+       scale_sparse=True, clip=CLIP),
 ]
 SCENARIOS_4 = [
     sc("hybrid_adam_clip_all", "adam", clip=CLIP),
@@ -77,6 +85,8 @@ SCENARIOS_4 = [
     sc("hybrid_adam_batch_norm_clip_all", "adam", batch_norm=True, clip=CLIP),
     sc("ps_momentum_batch_norm_moments", "momentum", {"run_mode": "PS"}, batch_norm="moments"),
     sc("hybrid_sgd_batch_norm_cond_tf2", "sgd", batch_norm="cond_tf2"),
+    sc("sharded_momentum_ref_clip_all_two_updates", "momentum", SHARDED, clip=CLIP,
+       second_update=True, use_resource=False),
 ]
 
 results2 = job_results("results2", "post2", 2, SCENARIOS_2)
@@ -86,7 +96,8 @@ results4 = job_results("results4", "post4", 4, SCENARIOS_4, TWO_HOSTS)
 
 def _check(ranks, scenario):
     plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
-    assert plan["shared"]["route"] == "ps" and plan["emb/part_0"]["route"] == "ps"
+    sparse = scenario["config"].get("sparse_route", "ps")
+    assert plan["shared"]["route"] == sparse and plan["emb/part_0"]["route"] == sparse
     mode = scenario["config"].get("run_mode", "HYBRID")
     assert plan["w1"]["route"] == ("ps" if mode == "PS" else "allreduce")
     if scenario["model"].get("second_update"):

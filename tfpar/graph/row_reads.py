@@ -27,9 +27,9 @@ SEGMENT_READS = ("SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
 # Uses of the variable that the training step does not run, or whose value a rewrite gives.
 IGNORED = ("VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitialized",
            "DisableCopyOnRead")
-_ASSIGNS = ("Assign", "AssignSub", "AssignAdd", "AssignVariableOp", "AssignSubVariableOp",
+ASSIGNS = ("Assign", "AssignSub", "AssignAdd", "AssignVariableOp", "AssignSubVariableOp",
             "AssignAddVariableOp")
-_SAVES = ("SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints")
+SAVES = ("SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints")
 _VARIABLES = ("VarHandleOp", "VariableV2")
 # Row-wise arithmetic a moving average's update may do (with scalars).
 _ELEMENTWISE = ("Sub", "Mul", "Add", "AddV2", "Neg", "Identity", "Cast", "ReadVariableOp",
@@ -50,6 +50,16 @@ class RowReads:
     others: List[Tuple[tf.Operation, str]]
     averages: List[Tuple[tf.Operation, tf.Operation, List[tf.Operation]]] = \
         dataclasses.field(default_factory=list)
+
+
+def is_restore(assign: tf.Operation) -> bool:
+    """Whether `assign` is a Saver's restore (its value read from a checkpoint): those run
+    through `Runner.restore` (see runner._SessionView), which knows where each variable
+    lives."""
+    t = assign.inputs[1]
+    while t.op.type == "Identity":
+        t = t.op.inputs[0]
+    return t.op.type in ("RestoreV2", "Restore", "RestoreSlice")
 
 
 def upstream(roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
@@ -75,7 +85,9 @@ def row_reads(var_op: tf.Operation, updates: Set[tf.Operation],
     initialiser, a Saver) unless it writes another variable after the step."""
     out = RowReads([], [], [])
     handle = var_op.outputs[0]
-    for c in list(handle.consumers()):
+    # By name: the rewrite names and orders its exchanges by these lists, the same on every
+    # worker, and TensorFlow lists an output's consumers in no fixed order.
+    for c in _by_name(handle.consumers()):
         if c in updates or c.type in IGNORED:
             continue
         if c not in training:
@@ -85,7 +97,7 @@ def row_reads(var_op: tf.Operation, updates: Set[tf.Operation],
         elif c.type == "VariableShape":
             out.shapes.append(c)
         elif c.type in ("Identity", "RefIdentity", "ReadVariableOp"):
-            for x in list(c.outputs[0].consumers()):
+            for x in _by_name(c.outputs[0].consumers()):
                 if x in updates:
                     continue
                 if x not in training:
@@ -100,6 +112,10 @@ def row_reads(var_op: tf.Operation, updates: Set[tf.Operation],
         else:
             out.others.append((c, "in the training step"))
     return out
+
+
+def _by_name(ops: Iterable[tf.Operation]) -> List[tf.Operation]:
+    return sorted(ops, key=lambda op: op.name)
 
 
 def _after_step(op: tf.Operation, var_op: tf.Operation, out: RowReads,
@@ -174,9 +190,9 @@ def _writes_another(op: tf.Operation, var_op: tf.Operation) -> Optional[tf.Opera
         if x in seen or len(seen) > 200:
             continue
         seen.add(x)
-        if x.type in _ASSIGNS and x is not op and x.inputs[0].op is not var_op:
+        if x.type in ASSIGNS and x is not op and x.inputs[0].op is not var_op:
             return x
-        if x.type in _SAVES:
+        if x.type in SAVES:
             continue  # a Saver's save reads it: the runner saves the variable itself
         stack.extend(c for t in x.outputs for c in t.consumers())
     return None

@@ -31,7 +31,8 @@ from tfpar.graph.graph_copy import copy_graph, to_meta_graph
 from tfpar.graph.naming import safe_name
 from tfpar.transform.parameter_server import ps_device, worker_device
 from tfpar.transform.rewrite import rewrite
-from tfpar.transform.tiled import chains, predicted_bytes, tile_of, whole
+from tfpar.transform.collectives import tile_of, whole
+from tfpar.transform.tiled import chains, predicted_bytes
 from tfpar.transform.traffic import PATHS, counters
 
 log = logging.getLogger("tfpar")
@@ -267,7 +268,8 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
                   broadcast=broadcast, entries=entries, assigner=assigner,
                   liveness=live if hvd.size() > 1 else None,
                   tiles=tiled.tiles if tiled is not None else None,
-                  stages=done.stages.reads, ahead=done.ahead)
+                  stages=done.stages.reads, ahead=done.ahead,
+                  replaced=tiled.replaced if tiled is not None else None)
 
 
 def _tile_setters(plan: Plan, tiled, rank: int):
@@ -296,7 +298,7 @@ class Runner:
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
                  source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
                  broadcast=None, entries=(), assigner=None, liveness=None, tiles=None,
-                 stages=None, ahead=None):
+                 stages=None, ahead=None, replaced=None):
         self._session = session
         self._liveness = liveness
         self._stages = dict(stages or {})  # stage -> its markers' values (see _where)
@@ -318,6 +320,7 @@ class Runner:
         self._trial = trial
         self._ps = ps
         self._replaced = dict(ps.replaced) if ps is not None else {}
+        self._replaced.update(replaced or {})  # split variables' writes and reads outside the step
         self._counters = counters(graph)
         self._graph = graph
         self._plan = plan

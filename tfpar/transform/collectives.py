@@ -185,3 +185,18 @@ PRIMITIVES: Dict[str, object] = {
     "allgather": allgather, "reduce_scatter": reduce_scatter, "allreduce": allreduce,
     "all_to_all": all_to_all, "broadcast": broadcast, "sum_reduce": sum_reduce,
 }
+
+
+def whole(tile: tf.Tensor, tiling: Tiling, shape, rank: int, name: str) -> tf.Tensor:
+    """The whole variable on every worker, put together from every worker's tile under
+    `tiling` (a collective: every worker must run it at the same point)."""
+    everywhere = Tiling(tuple(Cut(None, c.parts) for c in tiling.cuts))
+    return convert(tile, tiling, everywhere, tuple(shape), rank, None, name)
+
+
+def tile_of(value: tf.Tensor, tiling: Tiling, shape, rank: int, name: str) -> tf.Tensor:
+    """This worker's tile under `tiling` of worker 0's whole `value` (the others' `value`
+    is not read; a collective: every worker must run it at the same point)."""
+    value = broadcast(value, tuple(shape), tiling.devices, rank, 0, None, name)
+    box = tiling.tile_ranges(tuple(shape), rank)
+    return value[tuple(slice(lo, hi) for lo, hi in box)]

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from tfpar.graph.analysis import FUNCTIONAL, WRITES, reachable
+from tfpar.graph.row_reads import is_restore
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
 from tfpar.transform import surgery
@@ -212,7 +213,7 @@ class _Rewriter:
         for c in consumers:
             if c in skip or c is initializer or c.type in _DEAD_CONSUMERS:
                 continue
-            if c.type in _ASSIGNS and c.inputs[0] is handle and not _restores(c):
+            if c.type in _ASSIGNS and c.inputs[0] is handle and not is_restore(c):
                 self._rewire_assign(v, c)
                 continue
             if c.type in WRITES:
@@ -774,15 +775,6 @@ class _Route:
         return cls(host=host, chief=rank == 0, aggregate=aggregate[host],
                    local_chief=rank == sum(sizes[:host]), local_workers=sizes[host],
                    global_pushers=sum(1 if a else n for a, n in zip(aggregate, sizes)))
-
-
-def _restores(assign: tf.Operation) -> bool:
-    """Whether `assign` is a Saver's restore (its value read from a checkpoint): those run
-    through `Runner.restore` (see runner._SessionView), which knows the parts."""
-    t = assign.inputs[1]
-    while t.op.type == "Identity":
-        t = t.op.inputs[0]
-    return t.op.type in ("RestoreV2", "Restore", "RestoreSlice")
 
 
 def sum_by_id(indices: tf.Tensor, values: tf.Tensor):

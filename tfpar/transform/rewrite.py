@@ -68,12 +68,13 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
 
 def _joined(tiled: Optional[TiledRewrite], sharded) -> Optional[TiledRewrite]:
     """The variables split over the workers, by the tiled and the sharded rewrites: the
-    runner reads, saves and restores both kinds of piece alike (`tiled.whole`)."""
+    runner reads, saves and restores both kinds of piece alike (`collectives.whole`)."""
     if sharded is None:
         return tiled
     if tiled is None:
-        return TiledRewrite(dict(sharded.tiles), list(sharded.updates))
-    return TiledRewrite({**tiled.tiles, **sharded.tiles}, tiled.updates + sharded.updates)
+        return TiledRewrite(dict(sharded.tiles), list(sharded.updates), dict(sharded.replaced))
+    return TiledRewrite({**tiled.tiles, **sharded.tiles}, tiled.updates + sharded.updates,
+                        {**tiled.replaced, **sharded.replaced})
 
 
 def _updated_in_place(plan: Plan):

@@ -6,7 +6,7 @@ For every variable with route "sharded" (and its optimizer slots, split alike), 
 - the worker holds rows [lo, hi) of the plan's row tiling (`rows_over`) as a variable of
   its own (initial value: worker 0's whole initial value, sliced), in collection `TILES`,
   so checkpoints, fetches and restores see the whole variable as they see a tiled one
-  (`tiled.whole`, `tiled.tile_of`); the whole variable is never made;
+  (`collectives.whole`, `collectives.tile_of`); the whole variable is never made;
 - lookups (gathers of the variables' rows, and sparse segment sums of them:
   embedding_lookup_sparse) de-duplicate their ids and send each to the
   worker that owns its row, which gathers the rows asked of it and sends them back:
@@ -27,6 +27,9 @@ For every variable with route "sharded" (and its optimizer slots, split alike), 
   ids made local to its range. Every worker thus updates its own rows as a single device
   would update them with the gradient of the concatenated batch.
 
+The user's own writes and reads of the variable outside the training step (an `assign`
+of pretrained rows, an evaluation's read) go to the workers' rows (`outside_uses`).
+
 No parameter server and no TensorFlow server take part: only Horovod's collectives.
 Not yet: a whole read of the variable in the training step.
 """
@@ -44,6 +47,7 @@ from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops, upstre
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, surgery
 from tfpar.transform.input_ahead import InputAhead
+from tfpar.transform.outside_uses import OutsideUses, initialisers
 from tfpar.transform.tiled import TILES, initial_value, new_tile
 
 
@@ -56,6 +60,9 @@ class ShardedRewrite:
     tiles: Dict[str, tf.Variable]
     updates: List[tf.Operation]
     ahead: Optional[InputAhead] = None
+    # {original tensor or op name: its replacement}: the user's writes and reads of the
+    # sharded variables outside the training step (`outside_uses`), for the runner's fetches.
+    replaced: Dict[str, object] = dataclasses.field(default_factory=dict)
 
 
 def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
@@ -98,11 +105,14 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
         _exchange_gradients(sends, exchanges, _update_ops_of(graph, plan))
         for send in sends:
             updates.append(send.owner.apply(send, made))
+        replaced: Dict[str, object] = {}
+        for s in variables:
+            replaced.update(s.rewire_outside_step())
         for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
                     tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
             ref = graph.get_collection_ref(key)
             ref[:] = [x for x in ref if x.op.name not in made]
-    return ShardedRewrite(made, updates, ahead)
+    return ShardedRewrite(made, updates, ahead, replaced)
 
 
 class _Sharded:
@@ -145,14 +155,27 @@ class _Sharded:
         constants); any other read (`row_reads`: an ExponentialMovingAverage of it, a
         whole read) is refused."""
         skip = {op for ops in self.update_ops for op in ops}
-        reads = row_reads(self.var_op, skip, _training_ops(self.g, self.by_name))
+        training = _training_ops(self.g, self.by_name)
+        reads = row_reads(self.var_op, skip, training)
         if reads.others:
             self._refuse(*reads.others[0])
         self.averages = reads.averages
+        # The user's own writes and reads outside the step, found before the rewrite.
+        self.outside = OutsideUses(self.var_op, training | skip | initialisers(self.g) | {
+            op for _, _, ops in reads.averages for op in ops})
         for op in reads.shapes:
             surgery.replace_uses(op.outputs[0], tf.constant(list(self.v.shape),
                                                             dtype=op.get_attr("out_type")))
         return [_Lookup(self, op) for op in reads.lookups]
+
+    def rewire_outside_step(self) -> Dict[str, object]:
+        """The user's writes and reads of the variable outside the training step, on the
+        workers' rows (`outside_uses`)."""
+        if not self.outside:
+            return {}
+        with self.g.as_default():
+            return self.outside.rewire(self.part, self.v.tiling, tuple(self.v.shape),
+                                       self.rank, self.n, f"{self.scope}/outside")
 
     def copy_averages(self, made) -> None:
         """Each moving average of the variable (`row_reads`), done on this worker's rows:

@@ -49,9 +49,11 @@ import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.partition.tiling import redistribution
-from tfpar.partition.tiling.cuts import Cut, Tiling
+from tfpar.partition.tiling.cuts import Tiling
 from tfpar.plan import Plan, VariablePlan
+from tfpar.graph.row_reads import training_ops
 from tfpar.transform import collectives, surgery, tiles
+from tfpar.transform.outside_uses import OutsideUses, initialisers
 from tfpar.graph.naming import safe_name
 
 TILES = "tfpar_tiles"  # the collection of the tile variables
@@ -59,10 +61,12 @@ TILES = "tfpar_tiles"  # the collection of the tile variables
 
 @dataclasses.dataclass
 class TiledRewrite:
-    """What the rewrite made: {variable name: its tile variable}, the new update ops."""
+    """What the rewrite made: {variable name: its tile variable}, the new update ops, and
+    {original tensor or op name: its replacement} for the runner's fetches."""
 
     tiles: Dict[str, tf.Variable]
     updates: List[tf.Operation]
+    replaced: Dict[str, object] = dataclasses.field(default_factory=dict)
 
 
 def _reads(var_op: tf.Operation) -> List[tf.Tensor]:
@@ -107,11 +111,24 @@ def apply_tiling(graph: tf.Graph, plan: Plan, rank: int, counter=None) -> Option
         if w.tiling.devices != n:
             raise TfparError(f"the plan splits {w.name!r} over {w.tiling.devices} devices "
                              f"({w.tiling}), but the job has {n} workers: plan for {n}")
+    # The user's own writes and reads of the split variables outside the training step,
+    # found before the rewrite (`outside_uses`).
+    keep = initialisers(graph) | training_ops(
+        graph.get_operation_by_name(op) for v in plan.variables for g in v.gradients
+        for op in g.ops)
+    outside = {v.name: OutsideUses(graph.get_operation_by_name(v.name), keep)
+               for v in plan.variables if v.route == "tiled" and v.slot_of is None}
+    replaced: Dict[str, object] = {}
     with graph.as_default():
         for chain in _chains(graph, plan):
             _rewrite_chain(graph, plan, chain, by_name, rank, n, counter, made, updates)
+        for name, uses in outside.items():
+            if uses and name in made:
+                v = by_name[name]
+                replaced.update(uses.rewire(made[name], v.tiling, tuple(v.shape), rank, n,
+                                            f"tfpar/tiled/{safe_name(name)}/outside"))
         _forget_whole(graph, made)
-    return TiledRewrite(made, updates)
+    return TiledRewrite(made, updates, replaced)
 
 
 @dataclasses.dataclass
@@ -624,21 +641,6 @@ def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, s
         if apply in op.control_inputs:
             surgery.replace_control_inputs(op, [apply], new)
     updates.append(new)
-
-
-def whole(tile: tf.Tensor, tiling: Tiling, shape, rank: int, name: str) -> tf.Tensor:
-    """The whole variable on every worker, put together from every worker's tile under
-    `tiling` (a collective: every worker must run it at the same point)."""
-    everywhere = Tiling(tuple(Cut(None, c.parts) for c in tiling.cuts))
-    return collectives.convert(tile, tiling, everywhere, tuple(shape), rank, None, name)
-
-
-def tile_of(value: tf.Tensor, tiling: Tiling, shape, rank: int, name: str) -> tf.Tensor:
-    """This worker's tile under `tiling` of worker 0's whole `value` (the others' `value`
-    is not read; a collective: every worker must run it at the same point)."""
-    value = collectives.broadcast(value, tuple(shape), tiling.devices, rank, 0, None, name)
-    box = tiling.tile_ranges(tuple(shape), rank)
-    return value[tuple(slice(lo, hi) for lo, hi in box)]
 
 
 def _forget_whole(graph: tf.Graph, made: Dict[str, tf.Variable]):

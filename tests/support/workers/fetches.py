@@ -1,11 +1,11 @@
 """Fetches and feeds through `Runner.run` against a plain `tf.compat.v1.Session`.
 
 usage: horovodrun -np N ... python -m tests.support.workers.fetches OUT_DIR [--tf1]
-For each run mode (HYBRID, PS) every worker builds the graph twice: one copy goes to
+For each run mode (HYBRID, PS, and HYBRID with sharded rows) every worker builds the graph twice: one copy goes to
 `tfpar.get_runner`, the other to a plain session given the runner's initial values. Each
 fetch below runs through both with the worker's own rows; their results must be equal
 (assign-family results of resource and reference variables on a replicated, an
-allreduced and a parameter-server variable, `tf.group` ops, an assignment's op,
+allreduced, a parameter-server and a sharded variable, `tf.group` ops, an assignment's op,
 IndexedSlices and SparseTensor fetches, strings). Then a step is trained and the
 assignments are fetched again: a fed value's assignment gives that value whatever the
 training did. Writes OUT_DIR/<mode>/rank<r>.json with what was compared.
@@ -20,6 +20,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 tf1 = tf.compat.v1
+
+
+# Run modes; SHARDED: HYBRID with the sparse variable's rows sharded over the workers.
+MODES = {"HYBRID": {"run_mode": "HYBRID"}, "PS": {"run_mode": "PS"},
+         "SHARDED": {"run_mode": "HYBRID", "sparse_route": "sharded"}}
 
 
 def build():
@@ -52,6 +57,8 @@ def build():
             "sparse": tf.sparse.from_dense(tf.cast(tf.reshape(ids, [1, -1]) > 4, tf.int32)),
             "string": tf.strings.as_string(counter),
             "loss": loss,
+            # A whole read of each variable outside the training step (as an eval does).
+            "sums": [tf.reduce_sum(emb * 1.0), tf.reduce_sum(w * 1.0)],
         }
         h["assign_op"] = tf1.assign(lr, new_lr * 2.0).op
         h["train"], h["vars"] = train, [emb, w, lr, counter, step]
@@ -87,11 +94,12 @@ def _plain(value):
 
 def main(out_dir):
     import tfpar
+    from tfpar.runtime import job
     from tests.support import models
-    for mode in ("HYBRID", "PS"):
+    for mode, config in MODES.items():
         graph, h = build()
         runner = tfpar.get_runner(graph, None, tfpar.Config(
-            run_mode=mode, session_config=models.worker_session_config()))
+            session_config=models.worker_session_config(), **config))
         rank = runner.worker_id
         plain_graph, p = build()
         with plain_graph.as_default():
@@ -100,7 +108,7 @@ def main(out_dir):
             for v, value in zip(p["vars"], runner.run(h["vars"])):
                 v.load(value, session)
         order = ["assign_lr", "assign_add_counter", "assign_w", "assign_emb", "group",
-                 "emb_gradient", "sparse", "string", "assign_op", "loss"]
+                 "emb_gradient", "sparse", "string", "assign_op", "loss", "sums"]
         compared = {}
 
         def both(key, trained=False):
@@ -114,8 +122,29 @@ def main(out_dir):
         compared["variables"] = [_plain(runner.run(h["vars"][:4])),
                                  _plain(session.run(p["vars"][:4]))]
         runner.run(h["train"], feeds(graph, rank))  # a training step moves w and emb
+        # A whole read after training sees the trained variables (the plain session did
+        # not train: against the variables the runner fetches). Between barriers: another
+        # worker's assignment of a variable on the servers would be seen here too.
+        job.allgather_strings("trained")
+        emb_now, w_now = runner.run(h["vars"][:2])
+        compared["sums_after_training"] = [
+            _plain(runner.run(h["sums"], feeds(graph, rank))),
+            [float(np.sum(emb_now, dtype=np.float32)), float(np.sum(w_now, dtype=np.float32))]]
+        job.allgather_strings("read")
         for key in ("assign_w", "assign_emb", "assign_lr"):
             both(key, trained=True)
+        if mode == "SHARDED":  # workers that write different values: refused, none written
+            var, key, placeholder, shape = h["vars"][0], "assign_emb", "new_emb:0", [10, 3]
+            before = runner.run(var)
+            differ = dict(feeds(graph, rank))
+            differ[graph.get_tensor_by_name(placeholder)] = np.full(shape, rank, np.float32)
+            try:
+                runner.run(h[key], differ)
+                outcome = "written"
+            except tf.errors.InvalidArgumentError as e:
+                outcome = "refused" if "write the same value" in e.message else e.message
+            compared["different_values"] = [outcome, "refused"]
+            compared["after_refusal"] = [_plain(runner.run(var)), _plain(before)]
         compared["plan"] = {v.name: v.route for v in runner.plan.variables}
         runner.close()
         session.close()

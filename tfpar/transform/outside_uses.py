@@ -1,0 +1,152 @@
+"""The user's own uses, outside the training step, of a variable split over the workers.
+
+A variable of route "sharded" (or "tiled") exists only as tiles on the workers; the
+whole variable of the user's graph is never initialised. The training step's uses are
+rewritten by those routes. The user's graph may use the variable outside the step too:
+
+- writes of the whole variable: `assign` (a pretrained table loaded through a
+  placeholder), `assign_add`, `assign_sub`. Each worker writes its own tile from the value
+  it computed. A tiled variable holds one value, so the workers must write the same one;
+  an allgather of each value's fingerprint checks that every worker took part, and
+  asserts that the values agree before anything is written.
+- reads of its value (an evaluation's lookup, a norm, what `assign` returns): the whole
+  variable gathered from the tiles (`collectives.whole`).
+
+Both are collectives: every worker runs them at the same point, as it runs a training
+step (the runner watches them alike). Left as they are: the variable's initialiser, a
+Saver's ops (the runner saves and restores the tiles), shape reads, and the `keep` ops
+(the training step, moving averages the route copies onto the tiles, other variables'
+initialisers). Before this rewrite such a write reached the never-read whole variable
+and was lost without a word.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Dict, Iterable, List, Set, Tuple
+
+import tensorflow as tf
+
+from tfpar.graph.naming import safe_name
+from tfpar.graph.row_reads import ASSIGNS, IGNORED, SAVES, is_restore, upstream
+from tfpar.partition.tiling.cuts import Tiling
+from tfpar.transform import collectives, surgery
+
+_READS = ("ReadVariableOp", "Identity", "RefIdentity")
+_RESOURCE_WRITES = {"AssignVariableOp": tf.raw_ops.AssignVariableOp,
+                    "AssignAddVariableOp": tf.raw_ops.AssignAddVariableOp,
+                    "AssignSubVariableOp": tf.raw_ops.AssignSubVariableOp}
+_REF_WRITES = {"Assign": tf.compat.v1.assign, "AssignAdd": tf.compat.v1.assign_add,
+               "AssignSub": tf.compat.v1.assign_sub}
+
+
+def initialisers(graph: tf.Graph) -> Set[tf.Operation]:
+    """Every variable's initialiser and what it reads (e.g. an EMA shadow's
+    `initialized_value()` of the variable it averages)."""
+    ops = []
+    for op in graph.get_operations():
+        if op.type in ("VarHandleOp", "VariableV2"):
+            try:
+                ops.append(graph.get_operation_by_name(op.name + "/Assign"))
+            except KeyError:
+                pass
+    return upstream(ops)
+
+
+class OutsideUses:
+    """The uses of `var_op` outside the `keep` ops, found before any rewrite touches it."""
+
+    def __init__(self, var_op: tf.Operation, keep: Set[tf.Operation]):
+        self.var_op = var_op
+        handle = var_op.outputs[0]
+        own_init = var_op.name + "/Assign"
+        self.writes: List[tf.Operation] = []
+        self.reads: List[Tuple[tf.Operation, List[tf.Operation]]] = []  # (read, its users)
+        self.gathers: List[tf.Operation] = []  # row lookups of the handle itself
+        # By name: every worker must build the same collectives under the same names, and
+        # TensorFlow lists an output's consumers in no fixed order.
+        for c in sorted(handle.consumers(), key=lambda op: op.name):
+            if c.type in IGNORED or c.name == own_init or c.type in SAVES:
+                continue
+            if c.type in ASSIGNS:
+                if c not in keep and not is_restore(c):
+                    self.writes.append(c)
+            elif c.type in _READS:
+                users = sorted((x for x in c.outputs[0].consumers()
+                                if x not in keep and x.type not in SAVES), key=lambda op: op.name)
+                if users or c not in keep:
+                    self.reads.append((c, users))
+            elif c.type == "ResourceGather" and c not in keep and c.get_attr("batch_dims") == 0:
+                self.gathers.append(c)
+
+    def __bool__(self) -> bool:
+        return bool(self.writes or self.reads or self.gathers)
+
+    def rewire(self, tile: tf.Variable, tiling: Tiling, shape, rank: int, n: int,
+               scope: str) -> Dict[str, object]:
+        """Makes the writes write `tile` and the reads read the whole from the tiles;
+        returns {original tensor or op name: its replacement} for the runner's fetches."""
+        graph = self.var_op.graph
+        replaced: Dict[str, object] = {}
+        done: Dict[tf.Operation, tf.Operation] = {}
+        box = tiling.tile_ranges(tuple(shape), rank)
+        for k, op in enumerate(self.writes):
+            done[op] = _write(op, tile, box, n, f"{scope}/write_{k}")
+            replaced[op.name] = done[op]
+            for x in graph.get_operations():
+                if x is not done[op] and op in x.control_inputs:
+                    surgery.replace_control_inputs(x, [op], done[op])
+            if op.outputs:  # a reference variable's assignment returns the new value
+                with tf.control_dependencies([done[op]]):
+                    new = tf.identity(op.inputs[1], name=f"{scope}/write_{k}/value")
+                replaced[op.outputs[0].name] = new
+                surgery.replace_uses(op.outputs[0], new)
+
+        wholes: Dict[Tuple[str, ...], tf.Tensor] = {}
+
+        def whole_after(ops: Iterable[tf.Operation]) -> tf.Tensor:
+            after = tuple(done.get(o, o) for o in ops)
+            key = tuple(sorted(o.name for o in after))
+            if key not in wholes:
+                with tf.control_dependencies(list(after)), tf.compat.v1.name_scope(None):
+                    wholes[key] = collectives.whole(tile.value(), tiling, shape, rank,
+                                        f"{scope}/whole_{len(wholes)}")
+            return wholes[key]
+
+        for read, users in self.reads:
+            value = whole_after(read.control_inputs)
+            for x in users:
+                for i, t in enumerate(x.inputs):
+                    if t is read.outputs[0]:
+                        surgery.replace_input(x, i, value)
+            replaced.setdefault(read.outputs[0].name, value)
+        for gather in self.gathers:
+            with tf.compat.v1.name_scope(f"{scope}/gather/"):
+                rows = tf.gather(whole_after(gather.control_inputs), gather.inputs[1])
+            surgery.replace_uses(gather.outputs[0], rows)
+            replaced[gather.outputs[0].name] = rows
+        return replaced
+
+
+def _write(op: tf.Operation, tile: tf.Variable, box, n: int, scope: str) -> tf.Operation:
+    """`op`'s write of the whole variable done on this worker's `tile` (the `box` of it),
+    after every worker's value is checked to be the same."""
+    import horovod.tensorflow as hvd
+    value = op.inputs[1]
+    with tf.control_dependencies(op.control_inputs), tf.compat.v1.name_scope(scope + "/"):
+        mine = tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(value, [1, -1])), tf.int64),
+                          [1])
+        every = hvd.allgather(collectives.never_folded(mine),
+                              name=f"tfpar_{safe_name(scope)}_fingerprints",
+                              ignore_name_scope=True)
+        same = tf.debugging.assert_equal(
+            every, tf.tile(mine, [n]), summarize=n, message=(
+                f"tfpar: the workers wrote different values to {op.inputs[0].op.name!r} "
+                f"(op {op.name!r}); its rows are split over the workers, so it holds one "
+                "value: write the same value on every worker (nothing was written)"))
+        with tf.control_dependencies([same]):
+            piece = value[tuple(slice(lo, hi) for lo, hi in box)]
+            if op.type in _RESOURCE_WRITES:
+                write = _RESOURCE_WRITES[op.type](resource=tile.handle, value=piece)
+            else:
+                write = _REF_WRITES[op.type](tile, piece).op
+        return tf.group(write, name="done")
