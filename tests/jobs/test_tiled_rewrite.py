@@ -1,7 +1,8 @@
 """get_runner with Config(tiling=...): an ordinary tf.compat.v1.layers MLP, its weights
 (and the optimizer's slots) split over real workers by the rewrite, trains equal to
 single-device training on the concatenated batch (fp32, rtol 1e-5, atol 1e-6); each
-worker holds only its tiles; the split variables fetched whole and the checkpoint (saved,
+worker holds only its tiles; the user's assignment of a split kernel writes every worker's
+tile; the split variables fetched whole and the checkpoint (saved,
 then restored over one more step) are the single-device model's; the split layers' bytes
 are counted; bad plans are refused.
 """
@@ -18,7 +19,7 @@ import tfpar
 from tfpar import cli
 from examples.split_mlp import initial
 from tests.support.launch import run_worker
-from tests.support.workers.tiled_graph import build, model_options
+from tests.support.workers.tiled_graph import ASSIGN, assigned_value, build, model_options
 
 RTOL, ATOL = 1e-5, 1e-6
 SIZES = [8, 12, 6]
@@ -47,6 +48,11 @@ def scenarios(n, plan_file):
     # TF1's reference variables (as under disable_v2_behavior).
     out += [{"name": f"reference_variables_{opt}", "tiling": plans["columns then rows"],
              "optimizer": opt, "resource": False} for opt in ("momentum", "adam")]
+    # The user's own assignment of a split kernel before training (pretrained weights
+    # through a placeholder): every worker writes its tile (resource and reference).
+    out += [{"name": f"assigned_{opt}", "tiling": plans["columns then rows"],
+             "optimizer": opt, "assigned": True, "resource": resource}
+            for opt, resource in (("adam", True), ("momentum", False))]
     # A language model's output layer split over its vocabulary: the loss from split
     # logits (the split softmax), the hidden layer allreduced.
     vocab = {"dense_1/kernel": "C", "dense_1/bias": "R"} if n == 2 else \
@@ -120,6 +126,8 @@ def single_device(sc: dict) -> dict:
                                 **model_options(sc))
     with tf.compat.v1.Session(graph=g) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
+        if sc.get("assigned"):
+            sess.run(ASSIGN, {"new_kernel:0": assigned_value(values)})
         for xs, ts in batches:
             sess.run(train, {x: xs, t: ts})
         with g.as_default():

@@ -27,7 +27,14 @@ VOCAB = 40
 ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
 
 
-MODEL_KEYS = ("embedding", "resource", "lm", "clip", "activation", "seq", "post", "block")
+MODEL_KEYS = ("embedding", "resource", "lm", "clip", "activation", "seq", "post", "block",
+              "assigned")
+ASSIGN = "assign_kernel"  # the user's assignment of the first kernel (`assigned`)
+
+
+def assigned_value(values) -> np.ndarray:
+    """What a scenario with `assigned` writes to the first kernel before training."""
+    return (0.5 * values["W1"] + 0.01).astype(np.float32)
 
 
 def model_options(scenario: dict) -> dict:
@@ -36,7 +43,7 @@ def model_options(scenario: dict) -> dict:
 
 
 def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=False,
-          clip=None, activation="relu", seq=False, post=None, block=None):
+          clip=None, activation="relu", seq=False, post=None, block=None, assigned=False):
     """The MLP as the field writes it: tf.compat.v1.layers.dense, a mean squared loss.
     With `lm`, the last layer is a language model's output projection over a vocabulary
     of sizes[-1] words and the loss the mean sparse softmax cross-entropy of labels (word
@@ -53,7 +60,9 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=Fal
     [batch, 2, vocab], as an NMT-style model's projection layer has them.
     With `embedding`, the input is the sum of x and rows of an embedding looked up by
     ids (a sparse gradient: HYBRID keeps it on the parameter servers). `resource`: False
-    for reference variables (TF1's, under disable_v2_behavior)."""
+    for reference variables (TF1's, under disable_v2_behavior). With `assigned`, the graph
+    also assigns the first kernel from a placeholder (op ASSIGN, fed `new_kernel`), as a
+    script loads pretrained weights; the run makes it before training."""
     g = tf.Graph()
     with g.as_default(), tf1.variable_scope(tf1.get_variable_scope(), use_resource=resource):
         x = tf1.placeholder(tf.float32, [batch, sizes[0]], name="x")
@@ -85,6 +94,10 @@ def build(sizes, values, opt_name, batch, embedding=False, resource=True, lm=Fal
             loss = 0.5 * tf.reduce_mean(tf.reduce_sum(tf.square(h - t), axis=1))
         if block == "residual_penalty":
             loss += 0.1 * tf.reduce_mean(tf.square(hidden[0]))
+        if assigned:
+            kernel = [v for v in tf1.global_variables() if v.op.name == "dense/kernel"][0]
+            tf1.assign(kernel, tf1.placeholder(tf.float32, kernel.shape, name="new_kernel"),
+                       name=ASSIGN)
         opt = optimizer(opt_name)
         if clip is None:
             train = opt.minimize(loss, name="train")
@@ -125,6 +138,8 @@ def main(spec_path, out_dir):
         config = tfpar.Config(tiling=sc["tiling"],
                               tiling_min_bytes=sc.get("tiling_min_bytes", 1 << 20))
         with tfpar.get_runner(g, config=config) as runner:
+            if sc.get("assigned"):  # every worker, the same value, before training
+                runner.run(ASSIGN, {"new_kernel:0": assigned_value(values)})
             trace = tf1.RunMetadata()
             for xs, ts in batches:  # the last step traced: which ops ran
                 runner.run(train, {x: xs[rank * b:(rank + 1) * b],
