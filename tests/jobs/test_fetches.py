@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.support.launch import WORKERS, horovodrun
 
@@ -54,3 +55,7 @@ def test_fetches_equal_a_plain_session(tmp_path, tf1):
             assert compared["string"][0] == compared["string"][1]
             for key, (got, want) in compared.items():
                 _same(got, want, f"{mode} worker {rank} {key}")
+    # One training step, so one checkpoint: the collective fetches around it (a sharded
+    # variable's assignment and whole reads) are no steps.
+    state = tf.train.get_checkpoint_state(str(tmp_path / "SHARDED_checkpoints"))
+    assert [p.rsplit("-", 1)[1] for p in state.all_model_checkpoint_paths] == ["1"]

@@ -305,14 +305,19 @@ class Runner:
         self._steps = 0  # training steps this runner finished
         if liveness is not None:
             liveness.set_probe(self._where)
-        # What makes a run a training step: a Horovod collective (it waits for the other
-        # workers), an optimizer's update, or the parameter servers' step.
-        self._collective = {op.name for op in graph.get_operations()
-                            if op.type.startswith(("Horovod", "Apply", "ResourceApply",
-                                                   "SparseApply", "ResourceSparseApply"))}
+        # What makes a run a training step (counted: checkpoints every N steps, the stage
+        # markers): an optimizer's update or the parameter servers' step. What makes it
+        # wait for the other workers (watched as a step is): those, or a Horovod
+        # collective (a split variable's whole read, a user's assignment of one).
+        self._updates = {op.name for op in graph.get_operations()
+                         if op.type.startswith(("Apply", "ResourceApply", "SparseApply",
+                                                "ResourceSparseApply"))}
         if ps is not None:
-            self._collective.add(ps.step.name)
+            self._updates.add(ps.step.name)
+        self._collective = self._updates | {op.name for op in graph.get_operations()
+                                            if op.type.startswith("Horovod")}
         self._is_step_cache: Dict[tuple, bool] = {}
+        self._waits_cache: Dict[tuple, bool] = {}
         self._broadcast = broadcast
         self._entries = tuple(entries)
         self._assigner = assigner
@@ -536,25 +541,22 @@ class Runner:
                     "tensor; feed an input of your own (a placeholder) or leave ids_ahead "
                     "False")
         step = self._is_step(mapped)
-        if self._liveness is None or not step:
+        if self._liveness is None or not self._waits(mapped):
             out = self._execute(mapped, feeds, options, run_metadata)
-            if step:
-                self._steps += 1
-                if self._autosave is not None:
-                    self._autosave_due()
-            return out
-        self._liveness.step_started()
-        ended = False
-        try:
-            out = self._execute(mapped, feeds, options, run_metadata)
+        else:
+            self._liveness.step_started()
+            ended = False
+            try:
+                out = self._execute(mapped, feeds, options, run_metadata)
+            except tf.errors.OutOfRangeError:
+                ended = True  # its input is exhausted: the others must be told if they go on
+                raise
+            finally:
+                self._liveness.step_finished(input_ended=ended)
+        if step:
             self._steps += 1
-        except tf.errors.OutOfRangeError:
-            ended = True  # its input is exhausted: the others must be told if they go on
-            raise
-        finally:
-            self._liveness.step_finished(input_ended=ended)
-        if self._autosave is not None:
-            self._autosave_due()
+            if self._autosave is not None:
+                self._autosave_due()
         return out
 
     def _execute(self, mapped, feeds, options, run_metadata):
@@ -594,8 +596,13 @@ class Runner:
         return stages.describe(counts, self._steps)
 
     def _is_step(self, mapped) -> bool:
-        """Whether running `mapped` is a training step: it reaches a collective."""
-        return _reaches(mapped, self._collective, self._is_step_cache)
+        """Whether running `mapped` is a training step: it reaches an update."""
+        return _reaches(mapped, self._updates, self._is_step_cache)
+
+    def _waits(self, mapped) -> bool:
+        """Whether running `mapped` waits for the other workers: it reaches a collective
+        or an update."""
+        return _reaches(mapped, self._collective, self._waits_cache)
 
     def communication(self, mean_over_workers: bool = False) -> Dict[str, float]:
         """Bytes this worker moved so far, per path, from the tensors actually sent.

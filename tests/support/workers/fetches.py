@@ -97,6 +97,10 @@ def main(out_dir):
     from tfpar.runtime import job
     from tests.support import models
     for mode, config in MODES.items():
+        if mode == "SHARDED":  # saved after every training step, and only then (a fetch
+            # that waits for the others, a sharded variable's whole read, is not a step)
+            config = dict(config, checkpoint_every_steps=1,
+                          checkpoint_dir=os.path.join(out_dir, "SHARDED_checkpoints"))
         graph, h = build()
         runner = tfpar.get_runner(graph, None, tfpar.Config(
             session_config=models.worker_session_config(), **config))
