@@ -125,6 +125,9 @@ _REFERENCES = {}
 def references(tmp_path_factory):
     """(tf1, n, scripts) -> the folder of the single-device runs, made once for every mode."""
     def get(tf1, n, scripts=SCRIPTS):
+        for (t, m, done), folder in _REFERENCES.items():  # one run that made them already
+            if (t, m) == (tf1, n) and set(scripts) <= set(done):
+                return folder
         if (tf1, n, scripts) not in _REFERENCES:
             _REFERENCES[(tf1, n, scripts)] = reference(
                 tmp_path_factory.mktemp(f"reference_{'tf1' if tf1 else 'tf2'}_{n}"), n, tf1,

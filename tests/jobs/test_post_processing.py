@@ -67,7 +67,6 @@ SCENARIOS_2 = [
     sc("ps_momentum_ema_clip_all", "momentum", {"run_mode": "PS"}, ema=True, clip=CLIP),
     sc("hybrid_adam_seq2seq_clip_all", "adam", decoder=True, clip=CLIP),
     # Route "sharded" (issue 28): the same post-processing on rows sharded over the workers.
-    sc("sharded_adagrad_two_updates", "adagrad", SHARDED, second_update=True),
     sc("sharded_sgd_clip_all_two_updates_late_read", "sgd", SHARDED, clip=CLIP,
        second_update="late_read"),
     sc("sharded_adam_seq2seq_scaled_clip_all", "adam", SHARDED, decoder=True,
