@@ -21,7 +21,6 @@ and was lost without a word.
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Dict, Iterable, List, Set, Tuple
 
 import tensorflow as tf
@@ -89,6 +88,19 @@ class OutsideUses:
         replaced: Dict[str, object] = {}
         done: Dict[tf.Operation, tf.Operation] = {}
         box = tiling.tile_ranges(tuple(shape), rank)
+        wholes: Dict[Tuple[str, ...], tf.Tensor] = {}
+
+        def whole_after(ops: Iterable[tf.Operation]) -> tf.Tensor:
+            """The whole variable read after `ops` (a write among them: after its copy).
+            Made in the (sorted) order of the uses: the same names on every worker."""
+            after = tuple(done.get(o, o) for o in ops)
+            key = tuple(sorted(o.name for o in after))
+            if key not in wholes:
+                with tf.control_dependencies(list(after)), tf.compat.v1.name_scope(None):
+                    wholes[key] = collectives.whole(tile.value(), tiling, shape, rank,
+                                                    f"{scope}/whole_{len(wholes)}")
+            return wholes[key]
+
         for k, op in enumerate(self.writes):
             done[op] = _write(op, tile, box, n, f"{scope}/write_{k}")
             replaced[op.name] = done[op]
@@ -96,21 +108,13 @@ class OutsideUses:
                 if x is not done[op] and op in x.control_inputs:
                     surgery.replace_control_inputs(x, [op], done[op])
             if op.outputs:  # a reference variable's assignment returns the new value
-                with tf.control_dependencies([done[op]]):
-                    new = tf.identity(op.inputs[1], name=f"{scope}/write_{k}/value")
+                if op.type == "Assign":  # the value written (the same on every worker)
+                    with tf.control_dependencies([done[op]]):
+                        new = tf.identity(op.inputs[1], name=f"{scope}/write_{k}/value")
+                else:  # assign_add/assign_sub: the sum, read back whole
+                    new = whole_after([op])
                 replaced[op.outputs[0].name] = new
                 surgery.replace_uses(op.outputs[0], new)
-
-        wholes: Dict[Tuple[str, ...], tf.Tensor] = {}
-
-        def whole_after(ops: Iterable[tf.Operation]) -> tf.Tensor:
-            after = tuple(done.get(o, o) for o in ops)
-            key = tuple(sorted(o.name for o in after))
-            if key not in wholes:
-                with tf.control_dependencies(list(after)), tf.compat.v1.name_scope(None):
-                    wholes[key] = collectives.whole(tile.value(), tiling, shape, rank,
-                                        f"{scope}/whole_{len(wholes)}")
-            return wholes[key]
 
         for read, users in self.reads:
             value = whole_after(read.control_inputs)

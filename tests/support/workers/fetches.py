@@ -27,7 +27,9 @@ MODES = {"HYBRID": {"run_mode": "HYBRID"}, "PS": {"run_mode": "PS"},
          "SHARDED": {"run_mode": "HYBRID", "sparse_route": "sharded"}}
 
 
-def build():
+def build(sharded=False):
+    """The graph and its fetches; `sharded`: also an assign_add of the embedding (of a
+    sharded variable it adds each worker's rows; on the parameter servers it is refused)."""
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(0)
@@ -61,6 +63,8 @@ def build():
             "sums": [tf.reduce_sum(emb * 1.0), tf.reduce_sum(w * 1.0)],
         }
         h["assign_op"] = tf1.assign(lr, new_lr * 2.0).op
+        if sharded:
+            h["assign_add_emb"] = tf1.assign_add(emb, new_emb)
         h["train"], h["vars"] = train, [emb, w, lr, counter, step]
     return graph, h
 
@@ -101,11 +105,11 @@ def main(out_dir):
             # that waits for the others, a sharded variable's whole read, is not a step)
             config = dict(config, checkpoint_every_steps=1,
                           checkpoint_dir=os.path.join(out_dir, "SHARDED_checkpoints"))
-        graph, h = build()
+        graph, h = build(sharded=mode == "SHARDED")
         runner = tfpar.get_runner(graph, None, tfpar.Config(
             session_config=models.worker_session_config(), **config))
         rank = runner.worker_id
-        plain_graph, p = build()
+        plain_graph, p = build(sharded=mode == "SHARDED")
         with plain_graph.as_default():
             session = tf1.Session(graph=plain_graph)
             session.run(tf1.global_variables_initializer())
@@ -113,6 +117,8 @@ def main(out_dir):
                 v.load(value, session)
         order = ["assign_lr", "assign_add_counter", "assign_w", "assign_emb", "group",
                  "emb_gradient", "sparse", "string", "assign_op", "loss", "sums"]
+        if mode == "SHARDED":
+            order.insert(order.index("assign_emb") + 1, "assign_add_emb")
         compared = {}
 
         def both(key, trained=False):
