@@ -57,7 +57,7 @@ def read_text(path, vocab):
 def build_graph(words=None, vocab=100_000, context=4, emb_dim=64, hidden=128, batch_size=128,
                 num_sampled=64, lr=0.2, partitions=None, wrap_optimizer=None,
                 min_partitions=None, max_partitions=None, feed=False, sampled=True,
-                device=None):
+                device=None, train_tables=True):
     """The single-device training graph; returns (graph, loss, train_op).
 
     words: the text as word ids (default: generated Zipf text of `vocab` words).
@@ -72,6 +72,8 @@ def build_graph(words=None, vocab=100_000, context=4, emb_dim=64, hidden=128, ba
     sampled: sampled softmax (sparse softmax weights); False: a full softmax (dense).
     device: a device function for every op (TensorFlow's `replica_device_setter`, for the
     classic parameter-server baseline); tfpar needs none.
+    train_tables: False keeps the vocabulary-sized variables fixed (only the dense layer
+    trains): no sparse gradient to send, a floor for every sparse route's step time.
     """
     if words is None and not feed:
         words = zipf_text(vocab)
@@ -96,7 +98,7 @@ def build_graph(words=None, vocab=100_000, context=4, emb_dim=64, hidden=128, ba
         marks = tfpar.partitioner(min_partitions, max_partitions)
         with marks:
             embedding = tf1.get_variable("embedding", [vocab, emb_dim], initializer=init,
-                                         partitioner=partitioner)
+                                         partitioner=partitioner, trainable=train_tables)
         x = tf.reshape(tf1.nn.embedding_lookup(embedding, previous, partition_strategy="div"),
                        [-1, context * emb_dim])
         w = tf1.get_variable("hidden/kernel", [context * emb_dim, hidden],
@@ -106,15 +108,18 @@ def build_graph(words=None, vocab=100_000, context=4, emb_dim=64, hidden=128, ba
         if sampled:
             with marks:
                 softmax_w = tf1.get_variable("softmax/weights", [vocab, hidden],
-                                             initializer=init, partitioner=partitioner)
+                                             initializer=init, partitioner=partitioner,
+                                             trainable=train_tables)
                 softmax_b = tf1.get_variable("softmax/bias", [vocab], partitioner=partitioner,
-                                             initializer=tf1.zeros_initializer())
+                                             initializer=tf1.zeros_initializer(),
+                                             trainable=train_tables)
             losses = tf1.nn.sampled_softmax_loss(
                 softmax_w, softmax_b, target, h, min(num_sampled, vocab - 1), vocab,
                 partition_strategy="div", seed=1)
         else:
-            softmax_w = tf1.get_variable("softmax/weights", [hidden, vocab], initializer=init)
-            softmax_b = tf1.get_variable("softmax/bias", [vocab],
+            softmax_w = tf1.get_variable("softmax/weights", [hidden, vocab], initializer=init,
+                                         trainable=train_tables)
+            softmax_b = tf1.get_variable("softmax/bias", [vocab], trainable=train_tables,
                                          initializer=tf1.zeros_initializer())
             losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=target[:, 0], logits=tf.matmul(h, softmax_w) + softmax_b)
@@ -169,6 +174,9 @@ def main():
                    help="with --sparse-route sharded (and no local aggregation): read the "
                    "input a step ahead and send the next batch's ids to their owners "
                    "during this step (tfpar.Config(ids_ahead=True))")
+    p.add_argument("--freeze-tables", action="store_true",
+                   help="train only the dense layer (the embedding and softmax rows fixed): "
+                        "the step with no sparse gradient, a floor for every sparse route")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
     p.add_argument("--threads", type=int, help="TensorFlow intra-op threads per worker "
@@ -179,7 +187,8 @@ def main():
     graph, loss, train_op = build_graph(words, args.vocab, args.context,
                                         batch_size=args.batch_size,
                                         min_partitions=args.min_partitions,
-                                        max_partitions=args.max_partitions)
+                                        max_partitions=args.max_partitions,
+                                        train_tables=not args.freeze_tables)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
                           local_aggregation={"on": True, "off": False, "auto": "auto"}[
                               args.local_aggregation or ("off" if args.no_local_aggregation

@@ -44,11 +44,14 @@ def feature_ids(n, items, seed=0):
     return out
 
 
-def build_graph(items=500_000, batch_size=512, examples=200_000, feed=False, seed=0):
+def build_graph(items=500_000, batch_size=512, examples=200_000, feed=False, seed=0,
+                train_tables=True):
     """The single-device training graph; returns (graph, loss, train_op).
 
     feed: read every feature and the click from placeholders (`<feature>` [batch, 1]
-    int64, `click` [batch, 1] float32) instead of the generated examples (for tests)."""
+    int64, `click` [batch, 1] float32) instead of the generated examples (for tests).
+    train_tables: False keeps the linear part and the embeddings fixed (only the DNN's
+    dense layers train): no sparse gradient to send, a floor for every route's step."""
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(1)
@@ -71,11 +74,13 @@ def build_graph(items=500_000, batch_size=512, examples=200_000, feed=False, see
         categorical = {name: fc.categorical_column_with_identity(name, vocab or items)
                        for name, (vocab, _, _) in FEATURES.items()}
         with tf1.variable_scope("linear"):
-            linear_logits = tf1.feature_column.linear_model(features, list(categorical.values()))
+            linear_logits = tf1.feature_column.linear_model(
+                features, list(categorical.values()), trainable=train_tables)
         with tf1.variable_scope("dnn"):
             init = tf1.truncated_normal_initializer(stddev=0.05, seed=2)
             net = tf1.feature_column.input_layer(features, [
-                fc.embedding_column(categorical[name], FEATURES[name][1], initializer=init)
+                fc.embedding_column(categorical[name], FEATURES[name][1], initializer=init,
+                                    trainable=train_tables)
                 for name in FEATURES])
             for i, units in enumerate((64, 32)):
                 net = tf1.layers.dense(net, units, tf.nn.relu, name=f"hiddenlayer_{i}",
@@ -86,7 +91,8 @@ def build_graph(items=500_000, batch_size=512, examples=200_000, feed=False, see
         step = tf1.train.get_or_create_global_step()
         linear = tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, "linear")
         dnn = tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, "dnn")
-        train_op = tf.group(tf1.train.FtrlOptimizer(0.05).minimize(loss, var_list=linear),
+        train_op = tf.group(*([tf1.train.FtrlOptimizer(0.05).minimize(loss, var_list=linear)]
+                              if linear else []),
                             tf1.train.AdagradOptimizer(0.05).minimize(loss, var_list=dnn))
         with tf.control_dependencies([train_op]):
             train_op = tf1.assign_add(step, 1)  # as a canned estimator's head does
@@ -120,11 +126,16 @@ def main():
                    help="with --sparse-route sharded (and no local aggregation): read the "
                    "input a step ahead and send the next batch's ids to their owners "
                    "during this step (tfpar.Config(ids_ahead=True))")
+    p.add_argument("--freeze-tables", action="store_true",
+                   help="train only the DNN's dense layers (the linear part and the "
+                        "embeddings fixed): the step with no sparse gradient, a floor for "
+                        "every route")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--json", help="write the timing and traffic summary here (worker 0)")
     args = p.parse_args()
 
-    graph, loss, train_op = build_graph(args.items, args.batch_size)
+    graph, loss, train_op = build_graph(args.items, args.batch_size,
+                                        train_tables=not args.freeze_tables)
     config = tfpar.Config(run_mode=args.run_mode, partitions=args.partitions,
                           sparse_route=args.sparse_route if args.run_mode == "HYBRID" else "ps",
                           local_aggregation={"on": True, "off": False, "auto": "auto"}[

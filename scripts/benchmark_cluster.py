@@ -5,7 +5,9 @@
 
 `--model recommender` runs examples/recommender.py (several Zipf tables, FTRL + Adagrad;
 `--vocabs` is its item vocabulary, `--batch` examples per worker) with tfpar's systems
-only, and compares density routing with every fixed route.
+only, and compares density routing with every fixed route. System `AR_frozen` runs either
+example with its tables frozen (`--freeze-tables`): the step with no sparse gradient, a
+floor no route's step can go under.
 
 Hosts are network namespaces on links shaped with tc (`tfpar.testing.emulate`); horovodrun starts on
 the first host and reaches the others over ssh, as on a real cluster. N = 2 workers per
@@ -44,11 +46,13 @@ from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_trials", "HYBRID_allreduce",
            "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct",
            "HYBRID_sharded_ahead", "HYBRID_async",
-           "HYBRID_direct", "AR", "PS", "PS_measured", "PS_async", "PS_direct", "horovod",
-           "horovod_sparse_as_dense", "tf_ps")
+           "HYBRID_direct", "AR", "AR_frozen", "PS", "PS_measured", "PS_async", "PS_direct",
+           "horovod", "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
                    "horovod_sparse_as_dense", "tf_ps")
 LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
+          "AR_frozen": "tfpar AR, tables frozen (no sparse gradient: no route's step is "
+                       "shorter)",
           "HYBRID_auto": "tfpar HYBRID, density routing",
           "HYBRID_allreduce": "tfpar HYBRID, sparse by allreduce",
           "HYBRID_allgather": "tfpar HYBRID, sparse by allgather",
@@ -144,6 +148,8 @@ def model_bytes(system, vocab, n, hosts, rows):
     elif system in ("HYBRID_sharded_direct", "HYBRID_sharded_ahead"):  # each worker's
         # unique rows, both ways
         total = ring_allreduce(dense) + 2 * n * per_worker_push * remote
+    elif system == "AR_frozen":  # the dense layer alone
+        total = ring_allreduce(dense)
     elif system in ("AR", "horovod", "HYBRID_allgather"):
         total = ring_allreduce(dense) + ring_allgather(sparse_dup)
     elif system == "horovod_sparse_as_dense":
@@ -180,7 +186,7 @@ def density_of(summary):
 
 # -- running one system ---------------------------------------------------------------------
 def command(system, vocab, batch, steps, warmup, hosts, model="lm", partitions=None):
-    if system in ("HYBRID", "AR", "PS") or system.startswith(("HYBRID_", "PS_")):
+    if system in ("HYBRID", "AR", "PS") or system.startswith(("HYBRID_", "PS_", "AR_")):
         mode, _, variant = system.partition("_")
         script = [os.path.join(REPO, "examples", f"{model}.py"), "--run-mode", mode,
                   "--partitions", str(partitions or hosts)]
@@ -194,6 +200,7 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm", partitions=N
                    "sharded_ahead": ["--sparse-route", "sharded", "--no-local-aggregation",
                                      "--ids-ahead"],
                    "ps": ["--sparse-route", "ps"],
+                   "frozen": ["--freeze-tables"],
                    "direct": ["--no-local-aggregation"],
                    # "force": each job times its own (a remembered result would be
                    # another link rate's: the emulated hosts keep their names)

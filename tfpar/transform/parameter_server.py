@@ -429,7 +429,7 @@ class _Rewriter:
                         self.final_indices[key] = self.g.get_tensor_by_name(
                             g.final_indices or g.indices)
                     continue
-                new = raw
+                new, readers = raw, set(raw.consumers())
                 with tf.device(self.worker), tf.compat.v1.name_scope(scope):
                     if g.indices is None and (g.post_processed or self._read_elsewhere(v, i, raw)):
                         if n > 1:
@@ -438,8 +438,9 @@ class _Rewriter:
                         self.combined_first.add(key)
                     elif v.reduction == "average" and n > 1:
                         new = raw * tf.constant(1.0 / n, raw.dtype)
-                if new is not raw:
-                    surgery.replace_uses(raw, new, keep=[new.op])
+                if new is not raw:  # all but the ops just built on it read `new`
+                    surgery.replace_uses(raw, new, keep=[c for c in raw.consumers()
+                                                         if c not in readers])
                 self.final[key] = new if final is raw else final
                 if g.indices is not None:
                     self.final_indices[key] = self.g.get_tensor_by_name(
