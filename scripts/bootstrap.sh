@@ -60,12 +60,12 @@ for spec in sys.argv[1:]:
 PYEOF
 }
 
-if ! have "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4 \
-     "tf-keras==$TF_KERAS_VERSION"; then
+if ! have "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 pytest==9.0.1 pytest-timeout==2.3.1 pytest-xdist==3.8.0 psutil==6.1.0 \
+     matplotlib==3.9.4 "tf-keras==$TF_KERAS_VERSION"; then
   log "installing TensorFlow $TF_VERSION and test tools"
   "$PY" -m pip install -q --upgrade pip setuptools wheel packaging
   "$PY" -m pip install -q "$TF_PKG==$TF_VERSION" numpy==2.0.2 protobuf==5.29.6 \
-      pytest==9.0.1 pytest-timeout==2.3.1 psutil==6.1.0 matplotlib==3.9.4
+      pytest==9.0.1 pytest-timeout==2.3.1 pytest-xdist==3.8.0 psutil==6.1.0 matplotlib==3.9.4
   # Keras 2 for TF1-style scripts: tf.compat.v1.layers and tf.compat.v1.nn.rnn_cell need it
   # on TF >= 2.16 (tfpar selects it on import; see tfpar/__init__.py).
   "$PY" -m pip install -q --no-deps "tf-keras==$TF_KERAS_VERSION"

@@ -9,9 +9,14 @@ bash "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 status=0
+# The unit tests run in two processes (pytest-xdist); the jobs one at a time, since each
+# job's processes already take both cores.
 for selection in "not job" "job"; do
   echo "== tests: -m '$selection'"
-  "$ROOT/.venv/bin/python" -m pytest tests -m "$selection" -v -rA --timeout=900 --durations=20 "$@" || {
+  parallel=()
+  [ "$selection" = "not job" ] && parallel=(-n 2)
+  "$ROOT/.venv/bin/python" -m pytest tests -m "$selection" "${parallel[@]}" -v -rA \
+      --timeout=900 --durations=20 "$@" || {
     rc=$?
     # 5: nothing selected (e.g. -k matched only one kind); not a failure
     [ "$rc" -eq 5 ] || status=$rc
