@@ -89,6 +89,17 @@ def test_clipping_is_post_processing_before_the_update():
     assert not analyse(graph_with()).variable("w").updates[0].gradient.post_processed
 
 
+@pytest.mark.parametrize("model, nonlinear", [
+    ({}, None), ({"scale_sparse": True}, None), ({"clip_values": 0.1}, "Minimum")])
+def test_post_processing_not_linear_in_the_rows_is_named(model, nonlinear):
+    """A scaling is linear in the rows (a duplicate id's rows may be summed first); a
+    clip_by_value (a Minimum, then a Maximum) is not, and the analysis names its op."""
+    from tests.support import models
+    graph, _ = models.build(optimizer="adagrad", sparse=True, **model)
+    found = analyse(graph).variable("emb").updates[0].gradient.nonlinear
+    assert (found and graph.get_operation_by_name(found).type) == nonlinear
+
+
 def test_partitioned_variable_pieces():
     a = analyse(graph_with(partitioner=tf1.fixed_size_partitioner(3)))
     parts = [v for v in a.trained if v.partition is not None]

@@ -3,7 +3,9 @@ gradient equal single-device training (2 workers, and 2 hosts x 2 workers), alon
 beside variables on the parameter servers (rtol=1e-5, atol=1e-6, 4 steps, as
 test_equivalence); the LM example on 2 local workers routes a small vocabulary (alpha
 ~0.5) to allreduce and a large one (alpha ~0.003) to allgather (on slow emulated links, to
-the parameter servers: test_emulated_hosts); route trials (search_routes) keep the
+the parameter servers: test_emulated_hosts); the allgather sums each worker's rows by id
+first where the post-processing is linear in them (and not before a clip_by_value); route
+trials (search_routes) keep the
 fastest of the sets of routes they time. The decision itself:
 tests/plan/test_density_routing.py.
 """
@@ -49,6 +51,11 @@ SCENARIOS_2 = [
     sc("auto_adagrad", "adagrad", {"sparse_route": "auto"}, feed_trials=True),
     sc("allgather_adam_clip", "adam", {"sparse_route": "allgather"},
        model={"clip": 0.05}),
+    # Each worker sums its rows by id before the allgather (duplicate ids within and
+    # across workers), and not where a row-by-row clip_by_value would see the sums.
+    sc("allgather_ftrl_summed", "ftrl", {"sparse_route": "allgather"}),
+    sc("allgather_adagrad_clip_values", "adagrad", {"sparse_route": "allgather"},
+       model={"clip_values": 0.02}),
 ]
 SCENARIOS_4 = [
     sc("allreduce_adam", "adam", ALL, partitions=3),
@@ -62,6 +69,8 @@ SCENARIOS_4 = [
     sc("mixed_momentum_allgather", "momentum",
        {"sparse_route": {"emb/part_0": "ps", "shared": "allgather"}}, partitions=3,
        feed_trials=True),
+    sc("allgather_momentum_scaled", "momentum", {"sparse_route": "allgather"},
+       model={"scale_sparse": True}),
 ]
 
 results2 = job_results("results2", "density2", 2, SCENARIOS_2)
@@ -92,7 +101,11 @@ def _check_routes(ranks, scenario):
             assert plan["local_aggregation"] is fastest["aggregation"]
         assert len({json.dumps([t["routes"], t["aggregation"]], sort_keys=True)
                     for t in trials}) == len(trials)  # none timed twice
+    summable = not (scenario["model"].get("clip") or scenario["model"].get("clip_values"))
     for name in sparse:
+        if routes[name] == "allgather":  # rows summed by id first, where that is exact
+            gradients = next(v for v in plan["variables"] if v["name"] == name)["gradients"]
+            assert [g["sum_duplicates"] for g in gradients] == [summable] * len(gradients)
         if name in forced:
             assert routes[name] == forced[name], (name, routes[name])
             continue

@@ -234,7 +234,8 @@ def test_density_routing_shards_only_what_the_sharded_route_can_take():
     from tfpar.plan.measurements import Measurements
     # Slow links for a small table: bytes decide against the dense allreduce.
     cheap = routing.Links(latency_s=1e-4, per_byte_s=1e-5, alltoall_latency_s=0.5e-4)
-    # 4 of its 20 rows per step, 16 ids with duplicates (what an allgather would send).
+    # 4 of its 20 rows per step, 16 ids with duplicates. On 4 workers the all-to-alls move
+    # half the bytes of an allgather of the unique rows (on 2, as many).
     measured = Measurements(links=cheap, steps=1, alphas={"emb": 0.2}, sent_rows={"emb": 16})
 
     def route(config, whole_read=False, **model):
@@ -243,7 +244,7 @@ def test_density_routing_shards_only_what_the_sharded_route_can_take():
             with graph.as_default(), tf.control_dependencies([h["train_op"]]):
                 emb = next(v for v in tf1.global_variables() if v.op.name == "emb")
                 tf1.get_variable("total", [], trainable=False).assign(tf.reduce_sum(emb))
-        plan = make_plan(tfpar.analyse(graph), config, parse_resources("localhost:2"),
+        plan = make_plan(tfpar.analyse(graph), config, parse_resources("localhost:4"),
                          measured)
         return plan.variable("emb").route, plan
 
@@ -267,6 +268,25 @@ def test_forced_allreduce_plans_a_dense_allreduce_and_no_parameter_server():
     # The summed rows plus one count per row, ring allreduce: 4 w (N-1)/N.
     assert emb.predicted_bytes == 4 * models.VOCAB * (models.IN * 4 + 4) / 2
     assert tfpar.Plan.from_json(plan.to_json()) == plan
+
+
+def test_the_allgather_sums_a_workers_rows_by_id_only_where_that_is_exact():
+    """Summing a duplicate id's rows before the allgather is what the update does anyway,
+    unless the post-processing sums over the rows (a norm) or is not linear in them (a
+    clip_by_value): then the rows go as the gradient carries them, and the dense allreduce
+    (which sums them too) is refused."""
+    def sums(**model):
+        plan = _plan(tfpar.Config(sparse_route="allgather"), optimizer="adagrad", sparse=True,
+                     **model)
+        return [g.sum_duplicates for g in plan.variable("emb").gradients]
+
+    assert sums() == [True] and sums(scale_sparse=True) == [True]
+    assert sums(clip=1.0) == [False] and sums(clip_values=0.1) == [False]
+    plan = _plan(tfpar.Config(sparse_route="allgather"), optimizer="adagrad", sparse=True)
+    assert tfpar.Plan.from_json(plan.to_json()) == plan
+    with pytest.raises(tfpar.TfparError, match="not linear in them.*clip_by_value"):
+        _plan(tfpar.Config(sparse_route="allreduce"), optimizer="adagrad", sparse=True,
+              clip_values=0.1)
 
 
 def test_a_dict_forces_some_and_the_rest_wait_for_measurement():

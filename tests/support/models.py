@@ -45,7 +45,7 @@ def _batch_norm(hidden, kind, training=True):
 def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=True,
           init_seed=None, batch=None, emb_partitions=None, shared_embedding=False,
           scale_sparse=False, clip_by_norm=None, second_update=False, ema=False,
-          decoder=False, batch_norm=False):
+          decoder=False, batch_norm=False, clip_values=None):
     """An MLP (optionally with an embedding input) and its training step.
 
     emb_partitions: make the embedding (PS_VOCAB rows) a partitioned variable of that many
@@ -57,7 +57,9 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
     Post-processing as real scripts do it: clip: tf.clip_by_global_norm over all gradients
     (handles["norm"] is the raw global norm); scale_sparse: every IndexedSlices gradient's
     values times a tensor computed in the graph (from the global step); clip_by_norm:
-    tf.clip_by_norm of every sparse gradient. second_update: a second optimizer also
+    tf.clip_by_norm of every sparse gradient; clip_values: tf.clip_by_value of every sparse
+    gradient's values to [-clip_values, clip_values] (row by row: a duplicate id's rows
+    are clipped one by one, before the update sums them). second_update: a second optimizer also
     trains `shared` (two updates of one variable); "late_read": its reads of `shared` and
     `w2` come 0.5 s late on workers other than the chief. ema: an ExponentialMovingAverage
     of every trained variable, applied after the training step. decoder: a seq2seq-style
@@ -120,6 +122,12 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
         if scale_sparse:
             factor = 1.5 + 0.25 * tf.cast(step, tf.float32)
             grads_and_vars = [(tf.IndexedSlices(g.values * factor, g.indices, g.dense_shape)
+                               if isinstance(g, tf.IndexedSlices) else g, v)
+                              for g, v in grads_and_vars]
+        if clip_values is not None:
+            grads_and_vars = [(tf.IndexedSlices(tf.clip_by_value(g.values, -clip_values,
+                                                                 clip_values),
+                                                g.indices, g.dense_shape)
                                if isinstance(g, tf.IndexedSlices) else g, v)
                               for g, v in grads_and_vars]
         if clip_by_norm is not None:

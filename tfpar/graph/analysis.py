@@ -463,10 +463,12 @@ class _Analyser:
         summed, as the update would sum them. That equals single-device training when every op
         on the rows is row-wise (row i from row i and from tensors that do not depend on the
         rows), and every reduction over the rows is a sum, which is then summed over workers
-        (e.g. the global norm of clip_by_global_norm). Returns (row sums, problem or None).
+        (e.g. the global norm of clip_by_global_norm). Returns (row sums, problem or None,
+        the first row-wise op that is not linear in the rows or None).
         """
         rows = {values}
         sums: List[str] = []
+        nonlinear: Optional[str] = None
         stack = [values]
         while stack:
             t = stack.pop()
@@ -482,20 +484,22 @@ class _Analyser:
                             continue
                         if c.type == "Sum" or not _broadcasts_over_rows(other, t):
                             return (), _inexact(var_op, c, f"its input {other.name!r} has "
-                                                "one value per row")
+                                                "one value per row"), None
+                    if nonlinear is None and not _linear_in_rows(c, rows):
+                        nonlinear = c.name
                     out = c.outputs[0]
                     if out not in rows:
                         rows.add(out)
                         stack.append(out)
                     continue
                 return (), _inexact(var_op, c, f"a {c.type} op over the gradient's rows is "
-                                    "neither row-wise nor a sum")
+                                    "neither row-wise nor a sum"), None
         t = final_indices
         while t is not indices:
             if t.op.type not in _INDEX_PASS or t.op in update_ops:
-                return (), _inexact(var_op, t.op, "it changes the gradient's indices")
+                return (), _inexact(var_op, t.op, "it changes the gradient's indices"), None
             t = t.op.inputs[0]
-        return tuple(dict.fromkeys(sums)), None
+        return tuple(dict.fromkeys(sums)), None, nonlinear
 
 
     def _sums_rows(self, op: tf.Operation, rows: tf.Tensor) -> bool:
@@ -576,13 +580,13 @@ class _Analyser:
                                   and t.shape.is_compatible_with(row_shape), values)
             final_indices = _entry(entries, lambda t: t.dtype.is_integer and t.shape.rank == 1,
                                    indices)
-            row_sums, inexact = self._row_post_processing(var_op, values, indices, final_indices,
-                                                          members)
+            row_sums, inexact, nonlinear = self._row_post_processing(
+                var_op, values, indices, final_indices, members)
             return Gradient("sparse", values.name, indices.name,
                             post_processed=found[values] > 0 or final_indices is not indices,
                             values_shape=_shape(values), final_values=final_values.name,
                             final_indices=final_indices.name, row_sums=row_sums,
-                            inexact=inexact)
+                            inexact=inexact, nonlinear=nonlinear)
         dense = _nearest(var_op, {t: d for t, d in found.items() if t.dtype == dtype
                                   and t.shape.is_compatible_with(shape)}, "gradient", where)
         final = _entry(entries, lambda t: t.dtype == dtype and t.shape.is_compatible_with(shape),
@@ -598,6 +602,25 @@ _ROW_WISE = frozenset({  # element-wise ops: row i of the output depends on row 
     "Maximum", "Minimum", "SquaredDifference", "ClipByValue", "CheckNumerics",
     "StopGradient", "PreventGradient", "EnsureShape"})
 _ROW_SUMS = frozenset({"L2Loss", "Sum"})  # reductions that may sum over the rows
+# Row-wise ops linear in the rows: f(a + b) = f(a) + f(b), so a duplicate id's rows may be
+# summed before them. A product or quotient is linear in a row input times (or over) a
+# tensor that does not depend on the rows; a sum or difference, when both inputs are rows.
+_LINEAR = frozenset({"Identity", "Cast", "Neg", "CheckNumerics", "StopGradient",
+                     "PreventGradient", "EnsureShape"})
+_LINEAR_SCALINGS = frozenset({"Mul", "MulNoNan", "RealDiv", "Div", "DivNoNan"})
+_LINEAR_SUMS = frozenset({"AddV2", "Add", "Sub"})
+
+
+def _linear_in_rows(op: tf.Operation, rows) -> bool:
+    """Whether the row-wise `op` is linear in its inputs that are gradient rows."""
+    if op.type in _LINEAR:
+        return True
+    from_rows = [t in rows for t in op.inputs]
+    if op.type in _LINEAR_SCALINGS:  # rows * c, c * rows, rows / c
+        return sum(from_rows) == 1 and (op.type in ("Mul", "MulNoNan") or from_rows[0])
+    if op.type in _LINEAR_SUMS:
+        return all(from_rows)
+    return False
 _INDEX_PASS = frozenset({"Identity", "Cast"})
 
 

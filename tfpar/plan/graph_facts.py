@@ -28,6 +28,11 @@ class Gradient:
     # workers. `inexact` names post-processing that per-worker rows cannot reproduce.
     row_sums: Tuple[str, ...] = ()
     inexact: Optional[str] = None
+    # Sparse only: the first post-processing op that is not linear in the rows (a
+    # clip_by_value, a square; None: all are, e.g. a scaling), where summing a duplicate
+    # id's rows before the post-processing (the dense allreduce and the allgather's
+    # de-duplication do) would change what the update gets.
+    nonlinear: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,9 @@ class GradientPlan:
     final_values: Optional[str] = None  # what the update reads (None: `values`)
     final_indices: Optional[str] = None  # likewise for `indices`
     row_sums: Tuple[str, ...] = ()  # sparse post-processing sums over rows: summed over workers
+    # route "allgather": each worker sums its rows by id before the allgather (exact where
+    # the post-processing is linear in the rows: what the update sums it sums first)
+    sum_duplicates: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +264,15 @@ class Plan:
                          f"({how})")
             if d.search:
                 lines.append("  " + d.search.describe())
+        gathered = [v for v in self.variables if v.route == "allgather" and v.gradients]
+        summed = [v.name for v in gathered if all(g.sum_duplicates for g in v.gradients)]
+        if summed:
+            lines.append("allgather: each worker's rows summed by id before they are sent: "
+                         + ", ".join(summed))
+        if len(summed) < len(gathered):
+            lines.append("allgather: rows sent as the gradient carries them (its post-"
+                         "processing would see the sums): " + ", ".join(
+                             v.name for v in gathered if v.name not in summed))
         split = [v for v in self.variables if v.route in SPLIT_ROUTES and v.slot_of is None]
         if split:
             lines.append("split variables (Config.tiling; sparse_route 'sharded': rows), the "

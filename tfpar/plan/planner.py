@@ -249,7 +249,9 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
                                               len(layout.hosts), links) if aggregating else 0.0
         candidates.append(routing.Candidate(
             name, v.shape[0], row_bytes, alpha, len(v.updates),
-            sent_rows=(sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
+            # an allgather of rows summed by id first carries alpha * rows per gradient
+            sent_rows=None if all(_sum_first_problem(u.gradient) is None for u in v.updates)
+            else (sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
             sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
             aggregation_s=saving, parts=min(_part_count(v, config, requested, hosts),
                                             max(v.shape[0], 1))))
@@ -414,11 +416,18 @@ def _dense_route_problem(v: VariableInfo) -> Optional[str]:
     """Why a sparse variable cannot take the dense allreduce route exactly (None: it can)."""
     if not v.shape or v.shape[0] is None or any(d is None for d in v.shape):
         return "its shape is not static"
-    for u in v.updates:
-        if u.gradient.row_sums or u.gradient.inexact:
-            # The route sums duplicate ids before post-processing, which a sum over the
-            # gradient's rows (a global norm) would see.
-            return "its gradient is post-processed with a sum over its rows (e.g. a norm)"
+    return next(filter(None, (_sum_first_problem(u.gradient) for u in v.updates)), None)
+
+
+def _sum_first_problem(g) -> Optional[str]:
+    """Why a duplicate id's rows of sparse gradient `g` cannot be summed before its
+    post-processing (None: they can; the update sums them anyway)."""
+    if g.row_sums or g.inexact:
+        # a sum over the gradient's rows (a global norm) would see the summed rows
+        return "its gradient is post-processed with a sum over its rows (e.g. a norm)"
+    if g.nonlinear:
+        return (f"its gradient's rows are post-processed one by one by an op that is not "
+                f"linear in them ({g.nonlinear!r}, e.g. a clip_by_value)")
     return None
 
 
@@ -427,12 +436,15 @@ def _common(v: VariableInfo) -> dict:
                 kind=v.kind, partition_of=v.partition.full_name if v.partition else None)
 
 
-def _gradients(v: VariableInfo) -> Tuple[GradientPlan, ...]:
+def _gradients(v: VariableInfo, sum_duplicates: bool = False) -> Tuple[GradientPlan, ...]:
+    """sum_duplicates: each worker sums a gradient's rows by id first, where that is exact."""
     return tuple(GradientPlan(u.gradient.values, u.gradient.indices, u.scope, u.ops,
                               post_processed=u.gradient.post_processed,
                               final_values=u.gradient.final_values,
                               final_indices=u.gradient.final_indices,
-                              row_sums=u.gradient.row_sums)
+                              row_sums=u.gradient.row_sums,
+                              sum_duplicates=sum_duplicates and u.gradient.kind == "sparse"
+                              and _sum_first_problem(u.gradient) is None)
                  for u in v.updates)
 
 
@@ -457,7 +469,8 @@ def _variable_plan(v: VariableInfo, config: Config, n: int,
     values = _values_bytes(v)
     # Parallax's model counts values only (index traffic neglected).
     predicted = None if values is None else sum(cost.allgather_bytes(b, n) for b in values)
-    return VariablePlan(route="allgather", gradients=grads, predicted_bytes=predicted,
+    return VariablePlan(route="allgather", gradients=_gradients(v, sum_duplicates=True),
+                        predicted_bytes=predicted,
                         reduction="average" if config.average_sparse else "sum", **_common(v))
 
 

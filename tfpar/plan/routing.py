@@ -111,7 +111,8 @@ class Candidate:
     rows, row_bytes: its shape; alpha: the mean fraction of rows one worker's step touches
     (each of its gradients counted); gradients: how many gradients it has per step;
     sent_rows: the rows one worker's gradients carry per step, duplicate ids included, all
-    gradients together (None: alpha * rows per gradient, no duplicates); dense_route: False
+    gradients together, where the allgather cannot sum them by id first (None: alpha *
+    rows per gradient, what it sends when it can); dense_route: False
     when the dense allreduce cannot be exact for it (a sum over its gradient's rows);
     sharded_route: False when route "sharded" cannot take it (fewer rows than workers, a
     dense update, a read of the whole variable).
@@ -233,8 +234,8 @@ def ps_bytes(c: Candidate, n: int) -> float:
 
 
 def allgather_bytes(c: Candidate, n: int) -> float:
-    """Horovod's allgather of every worker's rows as its gradients carry them (values and
-    int64 ids; duplicates are not summed first)."""
+    """Horovod's allgather of every worker's rows (values and int64 ids): its unique rows
+    where they are summed by id first, else as its gradients carry them (`sent_rows`)."""
     sent = c.alpha * c.rows * c.gradients if c.sent_rows is None else c.sent_rows
     return cost.allgather_bytes(sent * (c.row_bytes + INDEX_BYTES), n)
 

@@ -45,10 +45,13 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                                                       traffic)}
                     elif v.route == "allgather":
                         indices = graph.get_tensor_by_name(g.indices)
-                        all_values = hvd.allgather(values, name="allgather_values")
-                        all_indices = hvd.allgather(indices, name="allgather_indices")
+                        sent_values, sent_indices = (_summed_by_id(values, indices)
+                                                     if g.sum_duplicates else (values, indices))
+                        all_values = hvd.allgather(sent_values, name="allgather_values")
+                        all_indices = hvd.allgather(sent_indices, name="allgather_indices")
                         if traffic is not None:  # a ring passes on everyone else's rows
-                            for mine, everyone in ((values, all_values), (indices, all_indices)):
+                            for mine, everyone in ((sent_values, all_values),
+                                                   (sent_indices, all_indices)):
                                 traffic.add("allgather", 2.0 * (nbytes(everyone) - nbytes(mine)))
                         if v.reduction == "average":
                             all_values = all_values / tf.cast(n, all_values.dtype)
@@ -60,6 +63,13 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                                                          if c.name.startswith(scope)])
                     replaced[old.name] = new.name
     return replaced
+
+
+def _summed_by_id(values: tf.Tensor, indices: tf.Tensor):
+    """A worker's sparse gradient with each id once, its rows summed (ids in the order of
+    their first appearance): what the update would sum, summed before it is sent."""
+    ids, at = tf.unique(indices)
+    return tf.math.unsorted_segment_sum(values, at, tf.size(ids)), ids
 
 
 def _dense_sum_of_rows(values: tf.Tensor, indices: tf.Tensor, rows: int, average: bool,
