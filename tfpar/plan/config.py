@@ -46,8 +46,9 @@ class Config:
       sparse_route: in HYBRID mode, where sparse variables go: "ps" (the parameter
         servers, as Parallax; the default), "allreduce" (their gradients summed densely
         with one Horovod allreduce, the variable kept on every worker), "allgather"
-        (every worker's rows gathered by Horovod, as AR mode and Horovod do; the variable
-        kept on every worker), "sharded" (the rows, and their optimizer slots, split over
+        (every worker's rows gathered by Horovod, as AR mode and Horovod do, each id's
+        rows summed on its worker first where the post-processing allows it; the
+        variable kept on every worker), "sharded" (the rows, and their optimizer slots, split over
         the workers: each worker holds and updates its own rows, and a step exchanges ids,
         rows and row gradients by Horovod all-to-all, as TorchRec and HugeCTR's SOK do; no
         parameter server, no TensorFlow server), "auto" (density routing: each variable's alpha, the
