@@ -346,15 +346,6 @@ def _by_owner(ids: tf.Tensor, starts, n: int):
     return tf.gather(ids64, order), splits, order
 
 
-def _next_power_of_two(k: tf.Tensor) -> tf.Tensor:
-    """The least power of two >= k (int32 scalar; 1 for k <= 1)."""
-    k = tf.maximum(tf.cast(k, tf.int32), 1)
-    bits = tf.cast(tf.math.ceil(tf.math.log(tf.cast(k, tf.float64)) / np.log(2.0)), tf.int32)
-    out = tf.bitwise.left_shift(tf.ones_like(bits), bits)
-    out = tf.where(out < k, out * 2, out)  # the logarithm's rounding either way
-    return tf.where((out > 1) & (out // 2 >= k), out // 2, out)
-
-
 class _Exchanges:
     """The job's all-to-alls of sharded variables, named in the order every worker builds
     them (Horovod matches collectives by name), their bytes counted on path "sharded"."""
@@ -513,24 +504,10 @@ class _Exchanges:
         return [tf.gather(r, tf.math.invert_permutation(perm)) for r, perm in zip(back, perms)]
 
     def run(self, x: tf.Tensor, splits: tf.Tensor, name: str):
-        """(what this worker receives, how many rows from each worker).
-
-        The rows sent are padded to the next power of two with rows addressed to this
-        worker itself, which never cross a link, and dropped where they arrive: Horovod
-        re-negotiates a collective whose tensor shape differs from its last run's (its
-        response cache is keyed by name and shape), and the ids of a step vary in number."""
+        """(what this worker receives, how many rows from each worker)."""
         import horovod.tensorflow as hvd
-        rows = tf.shape(x)[0]
-        pad = _next_power_of_two(rows) - rows
-        mine = tf.one_hot(self.rank, self.n, on_value=pad, off_value=0, dtype=tf.int32)
-        end = tf.reduce_sum(splits[:self.rank + 1])  # where this worker's own piece ends
-        filler = tf.zeros(tf.concat([[pad], tf.shape(x)[1:]], 0), x.dtype)
-        padded = tf.concat([x[:end], filler, x[end:]], 0)
-        got, got_splits = hvd.alltoall(collectives.never_folded(padded), splits=splits + mine,
+        got, got_splits = hvd.alltoall(collectives.never_folded(x), splits=splits,
                                        name=f"tfpar_sharded_{name}", ignore_name_scope=True)
-        got_splits = got_splits - mine
-        cut = tf.reduce_sum(got_splits[:self.rank + 1])  # the filler follows its own rows
-        got = tf.concat([got[:cut], got[cut + pad:]], 0)
         if self.counter is not None:  # what arrived from the others, as Horovod reports it
             row = int(np.prod(x.shape.as_list()[1:])) if x.shape.rank > 1 else 1
             others = tf.reduce_sum(got_splits) - got_splits[self.rank]
