@@ -275,18 +275,45 @@ def test_the_allgather_sums_a_workers_rows_by_id_only_where_that_is_exact():
     unless the post-processing sums over the rows (a norm) or is not linear in them (a
     clip_by_value): then the rows go as the gradient carries them, and the dense allreduce
     (which sums them too) is refused."""
-    def sums(**model):
-        plan = _plan(tfpar.Config(sparse_route="allgather"), optimizer="adagrad", sparse=True,
-                     **model)
+    def sums(setting=True, **model):
+        plan = _plan(tfpar.Config(sparse_route="allgather", sum_duplicate_rows=setting),
+                     optimizer="adagrad", sparse=True, **model)
         return [g.sum_duplicates for g in plan.variable("emb").gradients]
 
     assert sums() == [True] and sums(scale_sparse=True) == [True]
     assert sums(clip=1.0) == [False] and sums(clip_values=0.1) == [False]
-    plan = _plan(tfpar.Config(sparse_route="allgather"), optimizer="adagrad", sparse=True)
+    assert sums(False) == [False] and sums("auto") == [False]  # "auto": nothing measured
+    plan = _plan(tfpar.Config(sparse_route="allgather", sum_duplicate_rows=True),
+                 optimizer="adagrad", sparse=True)
     assert tfpar.Plan.from_json(plan.to_json()) == plan
+    assert "each worker's rows summed by id before they are sent: emb" in plan.table()
+    with pytest.raises(tfpar.TfparError, match="sum_duplicate_rows must be"):
+        tfpar.Config(sum_duplicate_rows="yes")
     with pytest.raises(tfpar.TfparError, match="not linear in them.*clip_by_value"):
         _plan(tfpar.Config(sparse_route="allreduce"), optimizer="adagrad", sparse=True,
               clip_values=0.1)
+
+
+@pytest.mark.parametrize("per_byte_s, summed", [(1e-5, True), (1e-8, False)])
+def test_auto_sums_duplicate_rows_where_the_bytes_saved_outlast_a_negotiation(per_byte_s,
+                                                                               summed):
+    """sum_duplicate_rows="auto": 16 rows sent with their duplicates, 4 unique: the 12
+    rows saved pay for the exchange Horovod adds to negotiate a changing size on slow
+    links, not on fast ones; the density price of the allgather follows."""
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.measurements import Measurements
+    links = routing.Links(latency_s=1e-3, per_byte_s=per_byte_s, alltoall_latency_s=1e-3)
+    measured = Measurements(links=links, steps=1, alphas={"emb": 0.2}, sent_rows={"emb": 16})
+    graph, _ = models.build(optimizer="adagrad", sparse=True)
+    plan = make_plan(tfpar.analyse(graph), tfpar.Config(sparse_route={"emb": "allgather"}),
+                     parse_resources("localhost:2"), measured)
+    assert [g.sum_duplicates for g in plan.variable("emb").gradients] == [summed]
+    plan = make_plan(tfpar.analyse(graph), tfpar.Config(sparse_route="auto"),
+                     parse_resources("localhost:2"), measured)
+    choice = plan.routing.choices["emb"]
+    rows = 4 if summed else 16  # what the allgather would carry, priced
+    row = plan.variable("emb").nbytes // plan.variable("emb").shape[0] + routing.INDEX_BYTES
+    assert choice.allgather_s == pytest.approx(2 * rows * row * per_byte_s, rel=1e-6)
 
 
 def test_a_dict_forces_some_and_the_rest_wait_for_measurement():

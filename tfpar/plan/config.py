@@ -93,6 +93,13 @@ class Config:
         copy and session per trial), and a trial on the parameter servers starts them.
         The trials are remembered in `search_cache` for this graph, layout and settings
         and reused by the next job; "force" times them again (new links, new machines).
+      sum_duplicate_rows: route "allgather" (and AR mode's sparse variables): each worker
+        sums its rows of a sparse gradient by id before the allgather, so each id's row is
+        sent once (exact where the post-processing is linear in the rows; else the rows go
+        as they are). It saves bytes but changes the allgather's size every step, and
+        Horovod then negotiates it anew (about one exchange's latency): True, False, or
+        "auto" (default: where density routing measured the rows and the links and the
+        bytes saved take longer than one exchange; off when nothing was measured).
       ids_ahead: route "sharded": read the input pipeline a step ahead and send the next
         batch's ids to their owners during this step (TorchRec's pipelined input
         distribution), so a step waits for two rounds of all-to-alls (rows back,
@@ -144,6 +151,7 @@ class Config:
     search_partitions: str = "auto"
     search_routes: Union[bool, str] = False
     ids_ahead: bool = False
+    sum_duplicate_rows: Union[bool, str] = "auto"
     search_trials: int = 5
     search_seconds: float = 600.0
     search_steps: Tuple[int, int] = (5, 20)
@@ -267,6 +275,9 @@ class Config:
             raise TfparError("Config(sync=False) trains the parameter servers' variables "
                              "asynchronously; AR mode has none (Horovod's collectives are "
                              "synchronous): use run_mode='PS' or 'HYBRID'")
+        if self.sum_duplicate_rows != "auto" and not isinstance(self.sum_duplicate_rows, bool):
+            raise TfparError(f"Config.sum_duplicate_rows must be True, False or 'auto', got "
+                             f"{self.sum_duplicate_rows!r}")
         if not isinstance(self.ids_ahead, bool):
             raise TfparError(f"Config.ids_ahead must be True or False, got {self.ids_ahead!r}")
         if self.local_aggregation != "auto" and not isinstance(self.local_aggregation, bool):

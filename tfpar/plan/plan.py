@@ -270,8 +270,9 @@ class Plan:
             lines.append("allgather: each worker's rows summed by id before they are sent: "
                          + ", ".join(summed))
         if len(summed) < len(gathered):
-            lines.append("allgather: rows sent as the gradient carries them (its post-"
-                         "processing would see the sums): " + ", ".join(
+            lines.append("allgather: rows sent as the gradient carries them "
+                         "(Config.sum_duplicate_rows, or a post-processing that would see "
+                         "the sums): " + ", ".join(
                              v.name for v in gathered if v.name not in summed))
         split = [v for v in self.variables if v.route in SPLIT_ROUTES and v.slot_of is None]
         if split:
