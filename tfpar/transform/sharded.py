@@ -45,7 +45,7 @@ from tfpar.errors import NotYetSupportedError
 from tfpar.graph.naming import safe_name
 from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops, upstream
 from tfpar.plan import Plan, VariablePlan
-from tfpar.transform import collectives, surgery
+from tfpar.transform import collectives, packed, surgery
 from tfpar.transform.input_ahead import InputAhead
 from tfpar.transform.outside_uses import OutsideUses, initialisers
 from tfpar.transform.tiled import TILES, initial_value, new_tile
@@ -435,15 +435,15 @@ class _Exchanges:
                 "Config(ids_ahead=True): the sharded variables looked up in one step have "
                 f"different dtypes ({', '.join(sorted({r.dtype.name for r in rows}))}); "
                 "leave ids_ahead False")
-        per = _per_int64(dtype)
+        per = packed.per_int64(dtype)
         widths = [int(r.shape[1]) for r in rows]
-        ids_to = [tf.split(_as_elements(ids, dtype), splits * per, num=n)
+        ids_to = [tf.split(packed.as_elements(ids, dtype), splits * per, num=n)
                   for ids, splits in ahead_items]
         rows_to = [tf.split(r, came, num=n) for r, (_, came) in zip(rows, asked)]
         counts = tf.stack([splits for _, splits in ahead_items], axis=1)  # [n, items]
         send = []
         for d in range(n):
-            send.append(_as_elements(tf.cast(counts[d], tf.int64), dtype))
+            send.append(packed.as_elements(tf.cast(counts[d], tf.int64), dtype))
             send.extend(ids_to[k][d] for k in range(count))
             send.extend(tf.reshape(rows_to[k][d], [-1]) for k in range(count))
         sizes = (count * per + tf.add_n([splits * per for _, splits in ahead_items])
@@ -452,13 +452,13 @@ class _Exchanges:
         chunks = tf.split(got, got_sizes, num=n)
         next_ids, next_came, back = [[] for _ in now], [[] for _ in now], [[] for _ in now]
         for src in range(n):
-            header = tf.cast(_from_elements(chunks[src][:count * per], dtype), tf.int32)
+            header = tf.cast(packed.from_elements(chunks[src][:count * per], dtype), tf.int32)
             mine = tf.stack([splits[src] for _, splits in now])  # rows asked of src
             body = tf.split(chunks[src][count * per:],
                             tf.concat([header * per, mine * tf.constant(widths, tf.int32)], 0),
                             num=2 * count)
             for k in range(count):
-                next_ids[k].append(_from_elements(body[k], dtype))
+                next_ids[k].append(packed.from_elements(body[k], dtype))
                 next_came[k].append(header[k])
                 back[k].append(tf.reshape(body[count + k], [-1, widths[k]]))
         # Before the first step (and after a restore) no rows are due: the ids alone.
@@ -525,13 +525,13 @@ class _Exchanges:
         per item (ids, rows or None, how many came from each worker)."""
         n, count = self.n, len(items)
         dtype = next((r.dtype for _, r, _ in items if r is not None), tf.int64)
-        per = _per_int64(dtype)
+        per = packed.per_int64(dtype)
 
         def to_elements(x64):
-            return _as_elements(x64, dtype)
+            return packed.as_elements(x64, dtype)
 
         def from_elements(e):
-            return _from_elements(e, dtype)
+            return packed.from_elements(e, dtype)
 
         widths, pieces = [], []
         for ids, rows, splits in items:
@@ -725,24 +725,6 @@ def _hosts(plan: Plan) -> List[List[int]]:
         out.append(list(range(first, first + slots)))
         first += slots
     return out
-
-
-def _per_int64(dtype: tf.DType) -> int:
-    """Elements of `dtype` that hold the bits of one int64."""
-    return 1 if dtype.size == 8 else 8 // dtype.size
-
-
-def _as_elements(x64: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """int64 values as the bits of `dtype` elements (flat; bitcast, exact)."""
-    return x64 if dtype == tf.int64 else tf.reshape(tf.bitcast(x64, dtype), [-1])
-
-
-def _from_elements(e: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """The int64 values whose bits `e` holds (`_as_elements` undone)."""
-    if dtype == tf.int64:
-        return e
-    per = _per_int64(dtype)
-    return tf.reshape(tf.bitcast(tf.reshape(e, [-1, per]) if per > 1 else e, tf.int64), [-1])
 
 
 def _depends_on(tensors, ops) -> bool:
