@@ -26,6 +26,7 @@ import tensorflow as tf  # noqa: E402
 import tfpar  # noqa: E402
 
 tf1 = tf.compat.v1
+ON_OFF_AUTO = {"on": True, "off": False, "auto": "auto"}
 tf1.disable_eager_execution()
 
 
@@ -174,6 +175,10 @@ def main():
                    help="with --sparse-route sharded (and no local aggregation): read the "
                    "input a step ahead and send the next batch's ids to their owners "
                    "during this step (tfpar.Config(ids_ahead=True))")
+    p.add_argument("--allreduce-by-allgather", choices=("on", "off", "auto"), default="auto",
+                   help="where the allgather route runs (AR mode): the dense gradients in "
+                   "it too, one collective a step (tfpar.Config(allreduce_by_allgather); "
+                   "auto, the default: where the links were measured and it pays)")
     p.add_argument("--freeze-tables", action="store_true",
                    help="train only the dense layer (the embedding and softmax rows fixed): "
                         "the step with no sparse gradient, a floor for every sparse route")
@@ -198,6 +203,7 @@ def main():
                               args.search_routes],
                           session_config=session_config(args.threads),
                           search_trials=args.search_trials, ids_ahead=args.ids_ahead,
+                          allreduce_by_allgather=ON_OFF_AUTO[args.allreduce_by_allgather],
                           search_partitions="force" if args.search_again else "auto")
 
     with tfpar.get_runner(graph, config=config) as runner:     # tfpar line 2 of 2

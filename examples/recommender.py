@@ -22,6 +22,7 @@ import tensorflow as tf
 import tfpar
 
 tf1 = tf.compat.v1
+ON_OFF_AUTO = {"on": True, "off": False, "auto": "auto"}
 
 # feature -> (vocabulary, embedding width, Zipf exponent); "item"'s vocabulary is --items.
 FEATURES = {"user": (100_000, 16, 1.05), "item": (None, 32, 1.1), "category": (300, 8, 1.2),
@@ -126,6 +127,10 @@ def main():
                    help="with --sparse-route sharded (and no local aggregation): read the "
                    "input a step ahead and send the next batch's ids to their owners "
                    "during this step (tfpar.Config(ids_ahead=True))")
+    p.add_argument("--allreduce-by-allgather", choices=("on", "off", "auto"), default="auto",
+                   help="where the allgather route runs (AR mode): the dense gradients in "
+                   "it too, one collective a step (tfpar.Config(allreduce_by_allgather); "
+                   "auto, the default: where the links were measured and it pays)")
     p.add_argument("--freeze-tables", action="store_true",
                    help="train only the DNN's dense layers (the linear part and the "
                         "embeddings fixed): the step with no sparse gradient, a floor for "
@@ -143,7 +148,8 @@ def main():
                               or ("off" if args.no_local_aggregation else "on")],
                           search_routes={None: False, "on": True, "force": "force"}[
                               args.search_routes], search_trials=args.search_trials,
-                          ids_ahead=args.ids_ahead)
+                          ids_ahead=args.ids_ahead,
+                          allreduce_by_allgather=ON_OFF_AUTO[args.allreduce_by_allgather])
     with tfpar.get_runner(graph, config=config) as runner:              # tfpar line 2 of 2
         if runner.is_chief:
             print(runner.plan, flush=True)

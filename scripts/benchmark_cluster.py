@@ -46,11 +46,12 @@ from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_trials", "HYBRID_allreduce",
            "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct",
            "HYBRID_sharded_ahead", "HYBRID_async",
-           "HYBRID_direct", "AR", "AR_frozen", "PS", "PS_measured", "PS_async", "PS_direct",
+           "HYBRID_direct", "AR", "AR_folded", "AR_frozen", "PS", "PS_measured", "PS_async", "PS_direct",
            "horovod", "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
                    "horovod_sparse_as_dense", "tf_ps")
 LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
+          "AR_folded": "tfpar AR, the allreduce in the allgather",
           "AR_frozen": "tfpar AR, tables frozen (no sparse gradient: no route's step is "
                        "shorter)",
           "HYBRID_auto": "tfpar HYBRID, density routing",
@@ -152,6 +153,8 @@ def model_bytes(system, vocab, n, hosts, rows):
         total = ring_allreduce(dense)
     elif system in ("AR", "horovod", "HYBRID_allgather"):
         total = ring_allreduce(dense) + ring_allgather(sparse_dup)
+    elif system == "AR_folded":  # every worker's dense gradients gathered with the rows
+        total = ring_allgather(dense + sparse_dup)
     elif system == "horovod_sparse_as_dense":
         total = ring_allreduce(dense + sparse_all)
     elif system == "tf_ps":  # every worker pulls and pushes for itself, duplicates included
@@ -201,6 +204,7 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm", partitions=N
                                      "--ids-ahead"],
                    "ps": ["--sparse-route", "ps"],
                    "frozen": ["--freeze-tables"],
+                   "folded": ["--allreduce-by-allgather", "on"],
                    "direct": ["--no-local-aggregation"],
                    # "force": each job times its own (a remembered result would be
                    # another link rate's: the emulated hosts keep their names)

@@ -4,7 +4,8 @@ beside variables on the parameter servers (rtol=1e-5, atol=1e-6, 4 steps, as
 test_equivalence); the LM example on 2 local workers routes a small vocabulary (alpha
 ~0.5) to allreduce and a large one (alpha ~0.003) to allgather (on slow emulated links, to
 the parameter servers: test_emulated_hosts); the allgather sums each worker's rows by id
-first where the post-processing is linear in them (and not before a clip_by_value); route
+first where the post-processing is linear in them (and not before a clip_by_value); the
+allreduced gradients ride in the allgather where asked (allreduce_by_allgather); route
 trials (search_routes) keep the
 fastest of the sets of routes they time. The decision itself:
 tests/plan/test_density_routing.py.
@@ -37,6 +38,7 @@ def sc(name, optimizer, config, partitions=2, **extra):
 
 ALL = {"sparse_route": "allreduce"}
 SUMMED = {"sum_duplicate_rows": True}
+FOLDED = {"allreduce_by_allgather": True}
 TRIALS = {"sparse_route": "auto", "local_aggregation": "auto", "search_trials": 3,
           "search_steps": [1, 2]}
 SCENARIOS_2 = [
@@ -57,6 +59,14 @@ SCENARIOS_2 = [
     sc("allgather_ftrl_summed", "ftrl", {"sparse_route": "allgather", **SUMMED}),
     sc("allgather_adagrad_clip_values", "adagrad", {"sparse_route": "allgather", **SUMMED},
        model={"clip_values": 0.02}),
+    # The dense gradients (and a table on the dense allreduce route, its flagged sums) in
+    # the allgather, summed by every worker; clipped by their global norm after it, or
+    # summed rather than averaged.
+    sc("folded_adam_clip", "adam", {"sparse_route": "allgather", **FOLDED},
+       model={"clip": 0.05}),
+    sc("folded_adagrad_sum", "adagrad", {**FOLDED, "sparse_route": {
+        "emb/part_0": "allgather", "emb/part_1": "allgather", "shared": "allreduce"},
+        "average_dense": False, "average_sparse": False}, model={"reduce": "sum"}),
 ]
 SCENARIOS_4 = [
     sc("allreduce_adam", "adam", ALL, partitions=3),
@@ -72,6 +82,9 @@ SCENARIOS_4 = [
        feed_trials=True),
     sc("allgather_momentum_scaled", "momentum", {"sparse_route": "allgather", **SUMMED},
        model={"scale_sparse": True}),
+    sc("folded_adam_mixed", "adam", {**FOLDED, "sparse_route": {
+        "emb/part_0": "allgather", "emb/part_1": "allreduce", "shared": "allreduce"}},
+       partitions=2),
 ]
 
 results2 = job_results("results2", "density2", 2, SCENARIOS_2)
@@ -129,7 +142,10 @@ def _check_routes(ranks, scenario):
         assert plan["mode"] == "AR" and comm["ps_push"] == 0 and comm["ps_pull"] == 0
     else:
         assert plan["mode"] == "HYBRID" and comm["ps_push"] > 0
-    assert comm["allreduce"] > 0
+    folded = plan["allreduce_by_allgather"]
+    if scenario["config"].get("allreduce_by_allgather") is True:
+        assert folded
+    assert (comm["allreduce"] > 0) != folded  # the allreduce's bytes in the allgather
     assert (comm["allgather"] > 0) == any(routes[n] == "allgather" for n in sparse)
     assert (comm["sharded"] > 0) == any(routes[n] == "sharded" for n in sparse)
 

@@ -316,6 +316,45 @@ def test_auto_sums_duplicate_rows_where_the_bytes_saved_outlast_a_negotiation(pe
     assert choice.allgather_s == pytest.approx(2 * rows * row * per_byte_s, rel=1e-6)
 
 
+def test_allreduced_gradients_travel_in_the_allgather_where_asked_or_measured_to_pay():
+    """Config(allreduce_by_allgather): True folds the step's allreduce into route
+    "allgather"'s allgather (the dense variables' bytes then priced as an allgather of
+    them); "auto" only with measured links, on where the bytes it adds ((N-2)/N of an
+    allgather of them) take less time than the collective it saves; never without a
+    variable on the allgather route."""
+    from tfpar.plan import cost
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.measurements import Measurements
+
+    def plan_of(setting, route="allgather", links=None, hosts="localhost:2"):
+        graph, _ = models.build(optimizer="adagrad", sparse=True)
+        measured = None if links is None else Measurements(
+            links=links, steps=1, alphas={"emb": 0.2}, sent_rows={"emb": 16})
+        return make_plan(tfpar.analyse(graph), tfpar.Config(
+            sparse_route={"emb": route}, allreduce_by_allgather=setting),
+            parse_resources(hosts), measured)
+
+    plan = plan_of(True)
+    dense = [v for v in plan.variables if v.route == "allreduce" and v.gradients]
+    assert plan.allreduce_by_allgather and dense
+    assert all(v.predicted_bytes == cost.allgather_bytes(v.nbytes, 2) for v in dense)
+    assert "the allreduced gradients travel in it too" in plan.table()
+    assert tfpar.Plan.from_json(plan.to_json()) == plan
+    assert not plan_of(False).allreduce_by_allgather
+    unmeasured = plan_of("auto")
+    assert not unmeasured.allreduce_by_allgather
+    assert any("links were not measured" in n for n in unmeasured.notes)
+    assert not plan_of(True, route="ps").allreduce_by_allgather  # no allgather to ride
+    for per_byte_s, on in ((1e-8, True), (1e-5, False)):
+        links = routing.Links(latency_s=1e-3, per_byte_s=per_byte_s, alltoall_latency_s=1e-3)
+        measured = plan_of("auto", links=links, hosts="localhost:4")
+        assert measured.allreduce_by_allgather == on
+        assert any(n.startswith(f"allreduce by allgather: {'on' if on else 'off'} (measured)")
+                   for n in measured.notes)
+    with pytest.raises(tfpar.TfparError, match="allreduce_by_allgather must be"):
+        tfpar.Config(allreduce_by_allgather="yes")
+
+
 def test_a_dict_forces_some_and_the_rest_wait_for_measurement():
     plan = _plan(tfpar.Config(sparse_route={"shared": "allreduce"}), optimizer="sgd",
                  emb_partitions=2, shared_embedding=True)

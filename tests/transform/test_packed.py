@@ -39,22 +39,34 @@ def test_a_gathered_buffer_is_cut_back_into_every_workers_pieces_bit_for_bit(dty
     np.testing.assert_array_equal(got_ids, np.concatenate(ids))
 
 
-@pytest.mark.parametrize("model", ["lm", "recommender"])
-def test_the_allgather_route_is_one_allgather_a_step(model):
+@pytest.mark.parametrize("model, folded", [("lm", False), ("recommender", False),
+                                           ("lm", True), ("recommender", True)])
+def test_the_allgather_route_is_one_allgather_a_step(model, folded):
     """Every allgathered gradient's rows and ids (the LM's int32 and int64 ids, the
     recommender's ten tables) travel in one Horovod allgather: Horovod's own optimizer
-    takes three executions for the LM (rows; each width of ids)."""
+    takes three executions for the LM (rows; each width of ids). With
+    `allreduce_by_allgather` the dense gradients (and the recommender's small tables on
+    route "allreduce") ride in it too, and no allreduce is left."""
     job.horovod()  # a lone process: a job of one, as a single-process runner has
     if model == "lm":
         graph, _, _ = lm.build_graph(lm.zipf_text(1000, 5000), 1000, 4, batch_size=8)
     else:
         graph, _, _ = recommender.build_graph(items=500, batch_size=8, examples=500)
-    plan = make_plan(analyse(graph), tfpar.Config(run_mode="AR"), parse_resources("localhost:4"))
+    analysis = analyse(graph)
+    # The recommender's small tables (the hour, the device) on the dense allreduce.
+    routes = {v.name: "allreduce" if v.shape[0] < 200 else "allgather"
+              for v in analysis.trained if v.kind == "sparse"}
+    config = (tfpar.Config(run_mode="AR", allreduce_by_allgather=folded) if model == "lm"
+              else tfpar.Config(sparse_route=routes, allreduce_by_allgather=folded))
+    plan = make_plan(analysis, config, parse_resources("localhost:4"))
+    if model == "recommender":
+        assert any(v.kind == "sparse" and v.route == "allreduce" for v in plan.variables)
     gathered = [v for v in plan.variables if v.route == "allgather"]
     assert len(gathered) >= 3
     widths = {graph.get_tensor_by_name(g.indices).dtype for v in gathered for g in v.gradients}
     assert widths == ({tf.int32, tf.int64} if model == "lm" else {tf.int64})
+    assert plan.allreduce_by_allgather == folded
     apply_allreduce(graph, plan)
-    assert [op.type for op in graph.get_operations()
-            if op.type.startswith("Horovod") and op.type != "HorovodAllreduce"] \
-        == ["HorovodAllgather"]
+    collectives = [op.type for op in graph.get_operations() if op.type.startswith("Horovod")]
+    assert collectives.count("HorovodAllgather") == 1
+    assert ("HorovodAllreduce" in collectives) != folded

@@ -100,6 +100,14 @@ class Config:
         Horovod then negotiates it anew (about one exchange's latency): True, False, or
         "auto" (default: where density routing measured the rows and the links and the
         bytes saved take longer than one exchange; off when nothing was measured).
+      allreduce_by_allgather: when route "allgather" runs (AR mode's sparse variables),
+        the step's allreduced gradients (the dense ones, route "allreduce"'s tables) travel
+        in its one allgather too, each worker summing everyone's in rank order: one
+        collective a step instead of two, for (N-2)/N more bytes than the allreduce's ring
+        (none on 2 workers). True, False, or "auto" (default: where density routing measured
+        the links and the bytes added take less time than the collective saved; off when
+        nothing was measured, as in AR mode: a large dense model would also lose the
+        allreduce's overlap with the backward pass).
       ids_ahead: route "sharded": read the input pipeline a step ahead and send the next
         batch's ids to their owners during this step (TorchRec's pipelined input
         distribution), so a step waits for two rounds of all-to-alls (rows back,
@@ -152,6 +160,7 @@ class Config:
     search_routes: Union[bool, str] = False
     ids_ahead: bool = False
     sum_duplicate_rows: Union[bool, str] = "auto"
+    allreduce_by_allgather: Union[bool, str] = "auto"
     search_trials: int = 5
     search_seconds: float = 600.0
     search_steps: Tuple[int, int] = (5, 20)
@@ -275,9 +284,10 @@ class Config:
             raise TfparError("Config(sync=False) trains the parameter servers' variables "
                              "asynchronously; AR mode has none (Horovod's collectives are "
                              "synchronous): use run_mode='PS' or 'HYBRID'")
-        if self.sum_duplicate_rows != "auto" and not isinstance(self.sum_duplicate_rows, bool):
-            raise TfparError(f"Config.sum_duplicate_rows must be True, False or 'auto', got "
-                             f"{self.sum_duplicate_rows!r}")
+        for name in ("sum_duplicate_rows", "allreduce_by_allgather"):
+            if getattr(self, name) != "auto" and not isinstance(getattr(self, name), bool):
+                raise TfparError(f"Config.{name} must be True, False or 'auto', got "
+                                 f"{getattr(self, name)!r}")
         if not isinstance(self.ids_ahead, bool):
             raise TfparError(f"Config.ids_ahead must be True or False, got {self.ids_ahead!r}")
         if self.local_aggregation != "auto" and not isinstance(self.local_aggregation, bool):

@@ -114,6 +114,9 @@ class Plan:
     # route "sharded": each batch's ids sent to their owners during the step before
     # (the input pipeline read a step ahead; Config.ids_ahead)
     ids_ahead: bool = False
+    # the step's allreduced gradients travel in route "allgather"'s allgather, each worker
+    # summing everyone's (Config.allreduce_by_allgather): one collective a step
+    allreduce_by_allgather: bool = False
 
     @property
     def num_ps(self) -> int:
@@ -269,6 +272,11 @@ class Plan:
         if summed:
             lines.append("allgather: each worker's rows summed by id before they are sent: "
                          + ", ".join(summed))
+        if self.allreduce_by_allgather:
+            lines.append("allgather: the allreduced gradients travel in it too, each worker "
+                         "summing everyone's (Config.allreduce_by_allgather): " + ", ".join(
+                             v.name for v in self.variables
+                             if v.route == "allreduce" and v.gradients))
         if len(summed) < len(gathered):
             lines.append("allgather: rows sent as the gradient carries them "
                          "(Config.sum_duplicate_rows, or a post-processing that would see "

@@ -6,7 +6,9 @@ gradient exactly as single-device training on the concatenated batch would.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+import dataclasses
+import functools
+from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -27,33 +29,53 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
     replaced: Dict[str, str] = {}
     if plan.num_workers < 2:
         return replaced
-    gathered = []  # (scope, values, indices, sent values, sent indices, average)
+    n = plan.num_workers
+    gathered: List[_Gathered] = []
     with graph.as_default():
         for v in plan.variables:
             for k, g in enumerate(v.gradients):
                 scope = f"tfpar/{v.route}/{safe_name(v.name)}_{k}/"
                 with tf.compat.v1.name_scope(scope):
                     values = graph.get_tensor_by_name(g.values)
-                    n = plan.num_workers
-                    if v.route == "allreduce" and g.indices is not None:
-                        indices = graph.get_tensor_by_name(g.indices)
-                        combined = _dense_sum_of_rows(values, indices, v.shape[0],
-                                                      v.reduction == "average", n, traffic)
+                    indices = None if g.indices is None else graph.get_tensor_by_name(g.indices)
+                    average = v.reduction == "average"
+                    if v.route == "allreduce" and indices is not None:
+                        flagged = _flagged_sums(values, indices, v.shape[0])
+                        finish = functools.partial(_touched_rows, values, indices, average, n)
+                        if plan.allreduce_by_allgather:
+                            gathered.append(_Gathered(scope, flagged, None, finish))
+                            continue
+                        combined = finish(_allreduce_sum(flagged, n, traffic, "allreduce_rows"))
                     elif v.route == "allreduce":
-                        combined = {values: allreduce(values, v.reduction == "average", n,
-                                                      traffic)}
+                        if plan.allreduce_by_allgather:
+                            gathered.append(_Gathered(scope, values, None, functools.partial(
+                                _averaged, values, average, n)))
+                            continue
+                        combined = {values: allreduce(values, average, n, traffic)}
                     elif v.route == "allgather":
-                        indices = graph.get_tensor_by_name(g.indices)
-                        gathered.append((scope, values, indices) + (
-                            _summed_by_id(values, indices) if g.sum_duplicates
-                            else (values, indices)) + (v.reduction == "average",))
+                        sent_values, sent_indices = (_summed_by_id(values, indices)
+                                                     if g.sum_duplicates else (values, indices))
+                        gathered.append(_Gathered(scope, sent_values, sent_indices,
+                                                  functools.partial(_gathered_rows, values,
+                                                                    indices, average, n)))
                         continue
                     else:
                         continue
                 _replace(combined, scope, replaced)
-        for combined, scope in _allgathered(gathered, plan.num_workers, traffic):
+        for combined, scope in _allgathered(gathered, n, traffic):
             _replace(combined, scope, replaced)
     return replaced
+
+
+@dataclasses.dataclass
+class _Gathered:
+    """One tensor for the step's allgather: `ids` None for a tensor summed over the
+    workers (`finish(sum)`), else a sparse gradient's rows and ids (`finish(everyone's
+    rows, everyone's ids)`); `finish` returns {old tensor: combined}."""
+    scope: str
+    sent: tf.Tensor
+    ids: Optional[tf.Tensor]
+    finish: Callable
 
 
 def _replace(combined, scope, replaced: Dict[str, str]) -> None:
@@ -65,39 +87,55 @@ def _replace(combined, scope, replaced: Dict[str, str]) -> None:
         replaced[old.name] = new.name
 
 
-def _allgathered(gathered, n: int, traffic: Optional[Traffic]):
-    """The allgather route: every worker's rows and ids of every such gradient, one
-    allgather per dtype of rows (`packed.allgather_many`: two or three rounds a step
-    fewer than Horovod's own, which gathers rows and each width of ids apart). Yields
-    ({old tensor: combined}, the scope whose uses keep the old one)."""
-    by_dtype: Dict[tf.DType, list] = {}
+def _allgathered(gathered: List[_Gathered], n: int, traffic: Optional[Traffic]):
+    """The step's allgathered tensors, one allgather per dtype (`packed.allgather_many`:
+    two or three rounds a step fewer than Horovod's own, which gathers rows and each width
+    of ids apart; with `Plan.allreduce_by_allgather` the allreduce's round too). A tensor
+    summed over the workers is summed in rank order, the same sum on every worker. Yields
+    ({old tensor: combined}, the scopes whose uses keep the old one)."""
+    by_dtype: Dict[tf.DType, List[_Gathered]] = {}
     for item in gathered:
-        by_dtype.setdefault(item[3].dtype.base_dtype, []).append(item)
+        by_dtype.setdefault(item.sent.dtype.base_dtype, []).append(item)
     for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
         scope = f"tfpar/allgather/packed_{dtype.name}/"
         with tf.compat.v1.name_scope(scope):
             pieces, rows_at, ids_at = [], [], {}
-            for _, _, _, sent_values, sent_indices, _ in items:
+            for item in items:
                 rows_at.append(len(pieces))
-                pieces.append(tf.reshape(sent_values, [-1]))
-                if sent_indices.name not in ids_at:  # ids shared (a softmax's weights, bias)
-                    ids_at[sent_indices.name] = len(pieces)
-                    pieces.append(packed.as_elements(tf.cast(sent_indices, tf.int64), dtype))
+                pieces.append(tf.reshape(item.sent, [-1]))
+                if item.ids is not None and item.ids.name not in ids_at:
+                    ids_at[item.ids.name] = len(pieces)  # ids shared (a softmax's weights, bias)
+                    pieces.append(packed.as_elements(tf.cast(item.ids, tf.int64), dtype))
             everyone, mine, got = packed.allgather_many(pieces, n, f"allgather_{dtype.name}")
             if traffic is not None:  # a ring passes on everyone else's rows
                 traffic.add("allgather", 2.0 * (nbytes(got) - nbytes(mine)))
-        for k, (item_scope, values, indices, sent_values, sent_indices, average) in \
-                enumerate(items):
-            with tf.compat.v1.name_scope(item_scope):
-                rows = sent_values.shape[1:]
-                shape = ([-1] + rows.as_list() if rows.is_fully_defined()
-                         else tf.concat([[-1], tf.shape(sent_values)[1:]], 0))
-                all_values = tf.reshape(everyone[rows_at[k]], shape)
-                if average:
-                    all_values = all_values / tf.cast(n, all_values.dtype)
-                all_indices = tf.cast(packed.from_elements(everyone[ids_at[sent_indices.name]],
-                                                           dtype), indices.dtype)
-            yield {values: all_values, indices: all_indices}, (scope, item_scope)
+        for item, at in zip(items, rows_at):
+            with tf.compat.v1.name_scope(item.scope):
+                shape = _shape_of(item.sent)
+                if item.ids is None:
+                    every = tf.unstack(tf.reshape(everyone[at], [n, -1]), n)
+                    combined = item.finish(tf.reshape(tf.add_n(every), shape))
+                else:
+                    ids = packed.from_elements(everyone[ids_at[item.ids.name]], dtype)
+                    rows = tf.reshape(everyone[at], [-1] + shape[1:] if isinstance(shape, list)
+                                      else tf.concat([[-1], shape[1:]], 0))
+                    combined = item.finish(rows, ids)
+            yield combined, (scope, item.scope)
+
+
+def _shape_of(t: tf.Tensor):
+    return t.shape.as_list() if t.shape.is_fully_defined() else tf.shape(t)
+
+
+def _averaged(values: tf.Tensor, average: bool, n: int, total: tf.Tensor):
+    return {values: total / tf.constant(n, total.dtype) if average else total}
+
+
+def _gathered_rows(values: tf.Tensor, indices: tf.Tensor, average: bool, n: int,
+                   rows: tf.Tensor, ids: tf.Tensor):
+    if average:
+        rows = rows / tf.cast(n, rows.dtype)
+    return {values: rows, indices: tf.cast(ids, indices.dtype)}
 
 
 def _summed_by_id(values: tf.Tensor, indices: tf.Tensor):
@@ -107,31 +145,37 @@ def _summed_by_id(values: tf.Tensor, indices: tf.Tensor):
     return tf.math.unsorted_segment_sum(values, at, tf.size(ids)), ids
 
 
-def _dense_sum_of_rows(values: tf.Tensor, indices: tf.Tensor, rows: int, average: bool,
-                       n: int, traffic: Optional[Traffic]) -> Dict[tf.Tensor, tf.Tensor]:
-    """A sparse gradient combined by one dense allreduce (density routing's "allreduce").
-
-    Each worker sums its rows into a dense [rows, ...] tensor with one more column that
-    flags the rows it touched; the allreduce sums both; the update then gets the touched
-    rows (ids in ascending order, each once) and their sums. A sparse update applied to
-    each touched row once with its summed gradient is what the optimizers' own duplicate
-    handling does, and untouched rows stay untouched (Momentum's or Adam's sparse slots).
-    """
-    import horovod.tensorflow as hvd
-    row_shape = values.shape[1:]
-    flat = tf.reshape(values, [-1, row_shape.num_elements()])
+def _flagged_sums(values: tf.Tensor, indices: tf.Tensor, rows: int) -> tf.Tensor:
+    """A sparse gradient as density routing's "allreduce" route sends it: each worker sums
+    its rows into a dense [rows, ...] tensor with one more column that flags the rows it
+    touched, and the sum over the workers of that tensor (`_touched_rows`) gives the
+    update the touched rows (ids in ascending order, each once) and their sums. A sparse
+    update applied to each touched row once with its summed gradient is what the
+    optimizers' own duplicate handling does, and untouched rows stay untouched (Momentum's
+    or Adam's sparse slots)."""
+    flat = tf.reshape(values, [-1, values.shape[1:].num_elements()])
     summed = tf.math.unsorted_segment_sum(flat, indices, rows)
     touched = tf.math.unsorted_segment_max(tf.ones_like(indices, values.dtype), indices, rows)
-    flagged = tf.concat([summed, tf.maximum(touched, 0)[:, None]], axis=1, name="packed")
-    total = hvd.allreduce(flagged, op=hvd.Sum, name="allreduce_rows")
-    if traffic is not None:
-        traffic.add("allreduce", nbytes(flagged) * allreduce_bytes(1.0, n))
+    return tf.concat([summed, tf.maximum(touched, 0)[:, None]], axis=1, name="packed")
+
+
+def _touched_rows(values: tf.Tensor, indices: tf.Tensor, average: bool, n: int,
+                  total: tf.Tensor) -> Dict[tf.Tensor, tf.Tensor]:
+    """The touched rows and their sums from every worker's `_flagged_sums` summed."""
     ids = tf.cast(tf.where(total[:, -1] > 0)[:, 0], indices.dtype)
     rows_values = tf.gather(total[:, :-1], ids)
     if average:
         rows_values = rows_values / tf.cast(n, values.dtype)
-    rows_values = tf.reshape(rows_values, [-1] + row_shape.as_list())
+    rows_values = tf.reshape(rows_values, [-1] + values.shape[1:].as_list())
     return {values: rows_values, indices: ids}
+
+
+def _allreduce_sum(x: tf.Tensor, n: int, traffic: Optional[Traffic], name: str) -> tf.Tensor:
+    import horovod.tensorflow as hvd
+    total = hvd.allreduce(x, op=hvd.Sum, name=name)
+    if traffic is not None:
+        traffic.add("allreduce", nbytes(x) * allreduce_bytes(1.0, n))
+    return total
 
 
 def allreduce(values: tf.Tensor, average: bool, n: int,
@@ -142,10 +186,5 @@ def allreduce(values: tf.Tensor, average: bool, n: int,
     op and scale factors, so an Average beside the sums of the other rewrites (a sparse
     table's rows, a clipping norm, batch statistics) cost a second collective execution a
     step, 3-4 ms on the 2 x 2 recommender (docs/guide/modes-and-routes.md)."""
-    import horovod.tensorflow as hvd
-    out = hvd.allreduce(values, op=hvd.Sum, name=name)
-    if average:
-        out = out / tf.constant(n, out.dtype)
-    if traffic is not None:
-        traffic.add("allreduce", nbytes(values) * allreduce_bytes(1.0, n))
-    return out
+    out = _allreduce_sum(values, n, traffic, name)
+    return out / tf.constant(n, out.dtype) if average else out
