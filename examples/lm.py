@@ -227,6 +227,7 @@ def main():
         per_step = {k: (comm[k] - comm0[k]) / timed for k in comm if k != "steps"}
         summary = {"mode": runner.plan.mode, "sync": runner.plan.sync,
                    "local_aggregation": runner.plan.local_aggregation,
+                   "allreduce_by_allgather": runner.plan.allreduce_by_allgather,
                    "workers": runner.num_workers, "vocab": args.vocab,
                    "step_time_s": elapsed / timed,
                    "words_per_s": timed * args.batch_size * runner.num_workers / elapsed,

@@ -319,9 +319,9 @@ def test_auto_sums_duplicate_rows_where_the_bytes_saved_outlast_a_negotiation(pe
 def test_allreduced_gradients_travel_in_the_allgather_where_asked_or_measured_to_pay():
     """Config(allreduce_by_allgather): True folds the step's allreduce into route
     "allgather"'s allgather (the dense variables' bytes then priced as an allgather of
-    them); "auto" only with measured links, on where the bytes it adds ((N-2)/N of an
-    allgather of them) take less time than the collective it saves; never without a
-    variable on the allgather route."""
+    them); "auto" only with measured links, on where their bytes take less time in the
+    allgather (at its measured cost per byte) than in their own allreduce (its latency
+    included); never without a variable on the allgather route."""
     from tfpar.plan import cost
     from tfpar.plan.planner import make_plan
     from tfpar.plan.measurements import Measurements
@@ -351,6 +351,14 @@ def test_allreduced_gradients_travel_in_the_allgather_where_asked_or_measured_to
         assert measured.allreduce_by_allgather == on
         assert any(n.startswith(f"allreduce by allgather: {'on' if on else 'off'} (measured)")
                    for n in measured.notes)
+    # Bytes that cost 2 ms more in an allgather at the allreduce's cost per byte: off;
+    # at the allgather's own, a quarter of it (measured, no sum), on.
+    size = sum(v.nbytes * len(v.gradients) for v in dense)
+    per_byte_s = 2e-3 / (cost.allgather_bytes(size, 4) - cost.allreduce_bytes(size, 4))
+    for gathered_s, on in ((None, False), (per_byte_s / 4, True)):
+        links = routing.Links(latency_s=1e-3, per_byte_s=per_byte_s, alltoall_latency_s=1e-3,
+                              allgather_per_byte_s=gathered_s)
+        assert plan_of("auto", links=links, hosts="localhost:4").allreduce_by_allgather == on
     with pytest.raises(tfpar.TfparError, match="allreduce_by_allgather must be"):
         tfpar.Config(allreduce_by_allgather="yes")
 

@@ -150,9 +150,10 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
 def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
                             links: Optional[routing.Links], n: int, notes: List[str]) -> bool:
     """Whether the step's allreduced gradients travel in route "allgather"'s allgather
-    (`Config.allreduce_by_allgather`; "auto": where the measured links say the bytes it
-    adds, allgather_bytes - allreduce_bytes of them, take less time than the collective it
-    saves: 0.8x the LM's step at 128 words and 1 Gbit/s, 2 x 2, docs/results)."""
+    (`Config.allreduce_by_allgather`; "auto": where the measured links say their bytes
+    take less time in the allgather, at its own cost per byte, than in an allreduce of
+    their own, its latency included: 0.8x the LM's step at 128 words and 1 Gbit/s, 2 x 2,
+    docs/results/allreduce_by_allgather)."""
     wanted = config.allreduce_by_allgather
     reduced = [v for v in variables if v.route == "allreduce" and v.gradients]
     if (wanted is False or n < 2 or not reduced
@@ -166,13 +167,13 @@ def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
         notes.append("allreduce by allgather: off (the links were not measured; "
                      "Config(allreduce_by_allgather=True) turns it on)")
         return False
-    added = (cost.allgather_bytes(sum(sizes), n) - cost.allreduce_bytes(sum(sizes), n)) \
-        * links.per_byte_s
-    on = added < links.latency_s
+    gathered = cost.allgather_bytes(sum(sizes), n) * links.gathered_byte_s
+    reduced_s = links.latency_s + cost.allreduce_bytes(sum(sizes), n) * links.per_byte_s
+    on = gathered < reduced_s
     notes.append(f"allreduce by allgather: {'on' if on else 'off'} (measured): "
-                 f"{sum(sizes):,.0f} bytes of allreduced gradients take {1e3 * added:.3f} ms "
-                 f"more in the allgather {'<' if on else '>='} the collective saved "
-                 f"({1e3 * links.latency_s:.3f} ms)")
+                 f"{sum(sizes):,.0f} bytes of allreduced gradients take {1e3 * gathered:.3f} "
+                 f"ms in the allgather {'<' if on else '>='} {1e3 * reduced_s:.3f} ms in "
+                 "their own allreduce")
     return on
 
 
@@ -455,6 +456,8 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
         if density.links is not None:
             notes.append(f"density routing: links measured {1e3 * density.links.latency_s:.3f} ms "
                          f"per exchange, {density.links.per_byte_s * 1e9:.4f} ns per byte moved, "
+                         + ("" if density.links.allgather_per_byte_s is None else
+                            f"{density.links.allgather_per_byte_s * 1e9:.4f} in an allgather, ")
                          + ("" if density.links.dense_per_byte_s is None else
                             f"{density.links.dense_per_byte_s * 1e9:.4f} ns per byte of a "
                             "dense route's tensor, ")

@@ -70,6 +70,14 @@ class Links:
     # Time of a tiny all-to-all, the cost of one of route "sharded"'s exchanges (None:
     # latency_s).
     alltoall_latency_s: Optional[float] = None
+    # Seconds per byte a worker sends plus receives in an allgather (`allgather_bytes`;
+    # None: per_byte_s): what the allreduced gradients cost in it (allreduce_by_allgather).
+    allgather_per_byte_s: Optional[float] = None
+
+    @property
+    def gathered_byte_s(self) -> float:
+        return self.per_byte_s if self.allgather_per_byte_s is None \
+            else self.allgather_per_byte_s
 
     @property
     def alltoall_s(self) -> float:

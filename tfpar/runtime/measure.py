@@ -159,7 +159,9 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
     dense_per_byte: the slope of the dense route itself (rows summed into a [rows, 64+1]
     tensor, allreduced, touched rows gathered back) against that tensor's bytes, so the
     local passes over it count too. alltoall_latency: the fastest tiny all-to-all (route
-    "sharded"'s exchange). Each probe grows 4x until it takes 10x the latency
+    "sharded"'s exchange). allgather_per_byte: the slope of plain allgathers against the
+    bytes each worker moves (no sum: a byte costs less than in an allreduce). Each probe
+    grows 4x until it takes 10x the latency
     and at least 20 ms, so bytes, not noise, decide the slope. Rank 0's timings decide
     (each growth step too), so every rank runs the same collectives and gets the same fit.
     """
@@ -179,8 +181,14 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
     dense = (rows - 8) * (_PROBE_COLUMNS + 1) * 4
     dense_per_byte = max(t_many - t_rows, 0.0) / dense
     t_alltoall = _agreed(_time(_plain_alltoall, 1, repeats, f"{tag}_alltoall"))
+    t_gather = _agreed(_time(_plain_allgather, 1, repeats, f"{tag}_gather_small"))
+    g, t_gathered = _grow(lambda k: _agreed(_time(_plain_allgather, k, repeats,
+                                                  f"{tag}_gather_{k}")),
+                          1 << 14, t_gather, 1 << 22)
+    gathered = cost.allgather_bytes(4 * g, n) - cost.allgather_bytes(4, n)
     return Links(latency_s=t_small, per_byte_s=per_byte, dense_per_byte_s=dense_per_byte,
-                 alltoall_latency_s=t_alltoall)
+                 alltoall_latency_s=t_alltoall, allgather_per_byte_s=max(
+                     t_gathered - t_gather, 0.0) / gathered if gathered > 0 else None)
 
 
 _PROBE_COLUMNS = 64
@@ -204,6 +212,12 @@ def _variable(value) -> tf.Tensor:
 def _plain_allreduce(k: int, name: str):
     hvd = job.horovod()
     return hvd.allreduce(_variable(tf.ones([k], tf.float32)), op=hvd.Sum, name=name)
+
+
+def _plain_allgather(k: int, name: str):
+    """`k` floats from every worker, as route "allgather" gathers rows."""
+    hvd = job.horovod()
+    return hvd.allgather(_variable(tf.ones([k], tf.float32)), name=name)
 
 
 def _plain_alltoall(k: int, name: str):
