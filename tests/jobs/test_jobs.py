@@ -91,7 +91,11 @@ def test_recommender_example_routes_each_table_by_its_density(tmp_path):
             assert c["alpha"] > 0.5, (name, c)  # most rows touched
         if "/item" in name or "/user" in name:
             assert c["alpha"] < 0.05 and c["route"] != "allreduce", (name, c)
-    assert s["bytes_per_step"]["allreduce"] > 0
+    # The dense gradients' allreduce, or (allreduce_by_allgather, measured to pay: on 2
+    # workers it adds no bytes) those gradients in the allgather.
+    folded = s["allreduce_by_allgather"]
+    assert (s["bytes_per_step"]["allreduce"] > 0) != folded
+    assert s["bytes_per_step"]["allgather"] > 0 or not folded
     assert s["loss_last"] < s["loss_first"]
 
 

@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -170,8 +171,16 @@ def test_chaos_on_two_emulated_hosts(tmp_path):
         proc, got = job("chaos", "--kills", json.dumps(kills))
         _, expected = job("fault_free")
         for ns in cluster.namespaces:  # nothing of the job listens on either host
-            ports = cluster.run(["ss", "-ltnH"], host=cluster.namespaces.index(ns)).stdout
-            assert [line for line in ports.splitlines() if ":22 " not in line] == [], ports
+            # (its processes on the other host end over ssh as `tfpar run` returns: a
+            # second or so for their servers to close, not a port left behind)
+            deadline = time.monotonic() + 15
+            while True:
+                ports = cluster.run(["ss", "-ltnH"], host=cluster.namespaces.index(ns)).stdout
+                left = [line for line in ports.splitlines() if ":22 " not in line]
+                if not left or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert left == [], ports
     assert all(os.path.exists(k["marker"]) for k in kills), (seed, kills)  # each fault done
     assert proc.stdout.count("failed") >= 3 and "3 restart(s)" in proc.stdout, \
         proc.stdout[-6000:]

@@ -363,6 +363,31 @@ def test_allreduced_gradients_travel_in_the_allgather_where_asked_or_measured_to
         tfpar.Config(allreduce_by_allgather="yes")
 
 
+def test_density_routing_prices_the_allgather_with_the_allreduce_it_takes_in():
+    """Where the dense gradients' allreduce would ride in an allgather and that pays (fast
+    links, a round of 5 ms), the allgather's kind saves that round, and density routing
+    prefers it to the all-to-alls it chose without the fold. (Clipped by the global norm:
+    the table cannot take the dense allreduce route, free of fixed costs.)"""
+    from tfpar.plan.planner import route_by_density
+    graph, _ = models.build(batch=8, sparse=True, optimizer="adagrad", clip=0.05)
+    analysis = tfpar.analyse(graph)
+    layout = parse_resources("a:2,b:2")
+    links = routing.Links(latency_s=5e-3, per_byte_s=1e-10, alltoall_latency_s=1e-5)
+    routes = {}
+    for setting in (False, "auto"):
+        config = tfpar.Config(sparse_route="auto", local_aggregation=False,
+                              allreduce_by_allgather=setting)
+        routes[setting] = route_by_density(analysis, config, layout, {"emb": 0.3}, links,
+                                           3).choices["emb"].route
+    assert routes == {False: "sharded", "auto": "allgather"}
+    dense = sum(v.nbytes * len(v.updates) for v in analysis.trained if v.kind == "dense")
+    assert routing.fold_seconds(dense, 4, links) == pytest.approx(
+        3 * dense * 1e-10 - 5e-3)  # 6 D in the allgather, 3 D and a round in the allreduce
+    slow = dataclasses.replace(links, per_byte_s=1e-3)
+    assert routing.fold_seconds(dense, 4, slow) == 0.0  # no fold
+    assert routing.fold_seconds(dense, 4, slow, forced=True) > 0
+
+
 def test_a_dict_forces_some_and_the_rest_wait_for_measurement():
     plan = _plan(tfpar.Config(sparse_route={"shared": "allreduce"}), optimizer="sgd",
                  emb_partitions=2, shared_embedding=True)
@@ -406,11 +431,13 @@ def test_local_aggregation_auto_is_decided_with_the_routes():
     the bytes their hosts share on slow links and win on fast ones."""
     from tfpar.plan.planner import route_by_density
     # (Clipped by the global norm: no dense allreduce, whose missing fixed cost would win
-    # on fast links.)
+    # on fast links; and no fold of the dense allreduce into an allgather, which would
+    # make the allgather the cheapest there.)
     graph, _ = models.build(batch=8, sparse=True, optimizer="adagrad", clip=0.05)
     analysis = tfpar.analyse(graph)
     layout = parse_resources("a:2,b:2")
-    config = tfpar.Config(sparse_route="auto", local_aggregation="auto")
+    config = tfpar.Config(sparse_route="auto", local_aggregation="auto",
+                          allreduce_by_allgather=False)
     rows = analysis.variable("emb").shape[0]
     for per_byte, on in ((1e-6, True), (1e-10, False)):
         links = routing.Links(latency_s=5e-3, per_byte_s=per_byte, alltoall_latency_s=1e-5)

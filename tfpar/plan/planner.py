@@ -167,14 +167,22 @@ def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
         notes.append("allreduce by allgather: off (the links were not measured; "
                      "Config(allreduce_by_allgather=True) turns it on)")
         return False
-    gathered = cost.allgather_bytes(sum(sizes), n) * links.gathered_byte_s
-    reduced_s = links.latency_s + cost.allreduce_bytes(sum(sizes), n) * links.per_byte_s
-    on = gathered < reduced_s
+    delta = routing.fold_seconds(sum(sizes), n, links, forced=True)
+    on = delta < 0
     notes.append(f"allreduce by allgather: {'on' if on else 'off'} (measured): "
-                 f"{sum(sizes):,.0f} bytes of allreduced gradients take {1e3 * gathered:.3f} "
-                 f"ms in the allgather {'<' if on else '>='} {1e3 * reduced_s:.3f} ms in "
-                 "their own allreduce")
+                 f"{sum(sizes):,.0f} bytes of allreduced gradients take {1e3 * delta:+.3f} ms "
+                 "in the allgather against their own allreduce (its round and bytes)")
     return on
+
+
+def _fold_s(analysis: GraphAnalysis, config: Config, n: int, links: routing.Links) -> float:
+    """What the allgather's kind adds to a step by taking in the dense gradients'
+    allreduce (`routing.fold_seconds`; 0 where it would not), for density routing to price
+    its routes with."""
+    if config.allreduce_by_allgather is False:
+        return 0.0
+    dense = sum((v.nbytes or 0) * len(v.updates) for v in analysis.trained if v.kind == "dense")
+    return routing.fold_seconds(dense, n, links, forced=config.allreduce_by_allgather is True)
 
 
 def _allreduced_bytes(v: VariablePlan) -> Optional[float]:
@@ -266,15 +274,16 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
     (what local aggregation spares the servers' route; None: not measured)."""
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
     candidates, aggregating = _candidates(analysis, config, layout, alphas, links, sent, shared)
+    fold = _fold_s(analysis, config, layout.num_workers, links)
     choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced),
-                             aggregating)
+                             aggregating, fold)
     if aggregating and config.local_aggregation == "auto":
         plain = routing.decide(tuple(dataclasses.replace(c, aggregation_s=0.0)
                                      for c in candidates), layout.num_workers, links,
-                               dict(forced), False)
+                               dict(forced), False, fold)
         paid = tuple(forced.values())
-        if routing.predicted_step_s(plain, links, False, paid) <= routing.predicted_step_s(
-                choices, links, True, paid):
+        if routing.predicted_step_s(plain, links, False, paid, fold) <= \
+                routing.predicted_step_s(choices, links, True, paid, fold):
             choices = plain
     for name in forced:  # not measured: no density, no prediction shown
         choices[name] = routing.RouteChoice(forced[name], None,
@@ -335,10 +344,13 @@ def route_trials(analysis: GraphAnalysis, config: Config, layout: Layout,
     plain = tuple(dataclasses.replace(c, aggregation_s=0.0) for c in candidates)
     allowed = {c.name: routing.allowed_routes(c, n) for c in candidates}
 
+    fold = _fold_s(analysis, config, n, links)
+
     def predicted(routes, aggregation):
         choices = routing.decide(candidates if aggregation else plain, n, links,
-                                 {**forced, **routes}, aggregation)
-        return routing.predicted_step_s(choices, links, aggregation, tuple(forced.values()))
+                                 {**forced, **routes}, aggregation, fold)
+        return routing.predicted_step_s(choices, links, aggregation, tuple(forced.values()),
+                                        fold)
 
     def variants(routes):
         if not aggregating or not set(routes.values()) & {"ps", "sharded"}:

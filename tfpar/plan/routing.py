@@ -263,7 +263,7 @@ def allowed_routes(c: Candidate, n: int) -> Tuple[str, ...]:
 
 def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
            forced: Optional[Dict[str, str]] = None,
-           aggregation: bool = False) -> Dict[str, RouteChoice]:
+           aggregation: bool = False, fold_s: float = 0.0) -> Dict[str, RouteChoice]:
     """The routes of the candidates that minimise the predicted step time.
 
     A step pays each variable's time on its route (`Links.allreduce_s`, `ps_s`,
@@ -275,7 +275,9 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     a tie, then the order of `SPARSE_ROUTES`. `forced` routes are kept (their kinds are
     paid for). aggregation: the hosts aggregate their pushes and row gradients (the
     servers' and the sharded routes gain each candidate's `aggregation_s` and pay one more
-    exchange, the servers' also the forwarding of each candidate's parts).
+    exchange, the servers' also the forwarding of each candidate's parts). fold_s: what
+    the allgather's kind adds to its fixed cost when the step's allreduce rides in it
+    (`fold_seconds`; 0: it does not).
     """
     forced = forced or {}
     volume = {c.name: {"allreduce": allreduce_bytes(c, n), "ps": ps_bytes(c, n),
@@ -286,7 +288,7 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
                       "allgather": links.allgather_s(c, n), "sharded": links.sharded_s(c, n)}
              for c in candidates}
     allowed = {c.name: allowed_routes(c, n) for c in candidates}
-    fixed = fixed_costs(links, aggregation)
+    fixed = fixed_costs(links, aggregation, fold_s)
     paid = set(forced.values())
     free = [c.name for c in candidates if c.name not in forced]
 
@@ -350,25 +352,40 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
 
 
 def predicted_step_s(choices: Dict[str, RouteChoice], links: Links,
-                     aggregation: bool = False, forced: Tuple[str, ...] = ()) -> float:
+                     aggregation: bool = False, forced: Tuple[str, ...] = (),
+                     fold_s: float = 0.0) -> float:
     """The step time `decide` predicted for its choices: each measured variable's time on
     its route plus the fixed cost of every kind of route taken (`forced`: the routes of
     variables not measured, whose kinds are paid for too)."""
     moved = sum(getattr(c, f"{c.route}_s") or 0.0 for c in choices.values())
-    fixed = fixed_costs(links, aggregation)
+    fixed = fixed_costs(links, aggregation, fold_s)
     kinds = {c.route for c in choices.values()} | set(forced)
     return moved + sum(fixed.get(r, 0.0) for r in kinds)
 
 
-def fixed_costs(links: Links, aggregation: bool = False) -> Dict[str, float]:
+def fixed_costs(links: Links, aggregation: bool = False,
+                fold_s: float = 0.0) -> Dict[str, float]:
     """Seconds a kind of route adds to a step once any variable takes it (sequential
     exchanges; local aggregation one more on the servers' route, three more all-to-alls
     within the host on the sharded rows'); the allreduce route
-    joins the dense gradients' allreduce."""
+    joins the dense gradients' allreduce, and the allgather takes it in where that pays
+    (`fold_s`, below zero: the allgather then saves a collective)."""
     return {"ps": (PS_ROUND_TRIPS + aggregation) * links.latency_s,
-            "allgather": links.latency_s,
+            "allgather": links.latency_s + fold_s,
             "sharded": (SHARDED_EXCHANGES + SHARDED_HOST_EXCHANGES * aggregation)
             * links.alltoall_s}
+
+
+def fold_seconds(dense_bytes: float, n: int, links: Links, forced: bool = False) -> float:
+    """What the allgather's kind adds to a step when the step's allreduce of `dense_bytes`
+    rides in it (Config.allreduce_by_allgather): their bytes at the allgather's cost, less
+    their own allreduce (a round and its bytes). "auto" folds only where that is below
+    zero (else 0: no fold); `forced` (True) folds whatever it costs."""
+    if n < 2 or dense_bytes <= 0:
+        return 0.0
+    delta = cost.allgather_bytes(dense_bytes, n) * links.gathered_byte_s - (
+        links.latency_s + cost.allreduce_bytes(dense_bytes, n) * links.per_byte_s)
+    return delta if forced else min(delta, 0.0)
 
 
 def aggregation_saving_s(shared_rows: float, row_bytes: int, hosts: int,
