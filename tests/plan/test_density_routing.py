@@ -388,6 +388,40 @@ def test_density_routing_prices_the_allgather_with_the_allreduce_it_takes_in():
     assert routing.fold_seconds(dense, 4, slow, forced=True) > 0
 
 
+def test_a_table_on_the_dense_route_is_priced_as_it_rides_in_the_folded_allgather():
+    """Where the step's allreduce rides in the allgather, a table on the dense route rides
+    too: its summed rows and flags gathered from every worker (6 D on 4 workers, where its
+    allreduce moved 3 D). A small table with 70% of its rows touched takes the dense
+    route without the fold and its rows' allgather with it; and where the fold pays for
+    the dense gradients but its tables' summed rows would cost more than that, no fold."""
+    big = routing.Candidate("big", 500_000, 128, 0.001)
+    small = routing.Candidate("small", 300, 32, 0.7)
+    links = routing.Links(latency_s=5e-3, per_byte_s=1e-8)
+    fold = routing.Fold(dense_s=-4e-3)
+    plain = routing.decide((big, small), 4, links)
+    folding = routing.decide((big, small), 4, links, fold=fold)
+    assert (plain["big"].route, plain["small"].route) == ("allgather", "allreduce")
+    assert (folding["big"].route, folding["small"].route) == ("allgather", "allgather")
+    rows, D = 0.7 * 300, 300 * (32 + 4)
+    assert folding["small"].folded_s == pytest.approx(6 * D * 1e-8)
+    assert folding["small"].allgather_s == pytest.approx(6 * rows * (32 + 8) * 1e-8)
+    assert routing.folds(folding, fold)
+    assert routing.predicted_step_s(folding, links, fold=fold) == pytest.approx(
+        folding["big"].allgather_s + folding["small"].allgather_s + 5e-3 - 4e-3)
+    # Kept on the dense route (forced), the table's 3 D more in the allgather cost more
+    # than the fold saves: "auto" leaves the fold off, as the plan does.
+    small_forced = routing.decide((big,), 4, links, {"small": "allreduce"}, fold=fold)
+    assert routing.folds(small_forced, fold, ("allreduce",))
+    priced = routing.decide((big, small), 4, links, fold=fold)
+    kept = {**priced, "small": dataclasses.replace(priced["small"], route="allreduce")}
+    assert routing.fold_delta_s(kept, fold) == pytest.approx(-4e-3 + 3 * D * 1e-8)
+    tight = routing.Fold(dense_s=-1e-5)
+    assert not routing.folds(kept, tight) and routing.folds(kept, dataclasses.replace(
+        tight, forced=True))
+    assert routing.predicted_step_s(kept, links, fold=tight) == pytest.approx(
+        kept["big"].allgather_s + kept["small"].allreduce_s + 5e-3)
+
+
 def test_a_dict_forces_some_and_the_rest_wait_for_measurement():
     plan = _plan(tfpar.Config(sparse_route={"shared": "allreduce"}), optimizer="sgd",
                  emb_partitions=2, shared_embedding=True)

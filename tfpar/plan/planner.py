@@ -136,7 +136,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
         ids_ahead = why is None
         notes.append("ids ahead: " + ("each batch's ids go to their owners during the step "
                                       "before" if ids_ahead else f"off: {why}"))
-    folded = _allreduce_by_allgather(variables, config, measured.links, n, notes)
+    folded = _allreduce_by_allgather(variables, config, measured.links, n, notes,
+                                     density.choices if density else {})
     if folded:  # the allreduced gradients' bytes as the allgather moves them
         plan = plan.with_predicted({v.name: cost.allgather_bytes(_allreduced_bytes(v), n)
                                     for v in variables if v.route == "allreduce"
@@ -148,12 +149,14 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
 
 
 def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
-                            links: Optional[routing.Links], n: int, notes: List[str]) -> bool:
+                            links: Optional[routing.Links], n: int, notes: List[str],
+                            priced: Dict[str, routing.RouteChoice]) -> bool:
     """Whether the step's allreduced gradients travel in route "allgather"'s allgather
     (`Config.allreduce_by_allgather`; "auto": where the measured links say their bytes
     take less time in the allgather, at its own cost per byte, than in an allreduce of
     their own, its latency included: 0.8x the LM's step at 128 words and 1 Gbit/s, 2 x 2,
-    docs/results/allreduce_by_allgather)."""
+    docs/results/allreduce_by_allgather). priced: density routing's choices, whose
+    predictions price the sparse variables on the dense route as it did."""
     wanted = config.allreduce_by_allgather
     reduced = [v for v in variables if v.route == "allreduce" and v.gradients]
     if (wanted is False or n < 2 or not reduced
@@ -167,7 +170,11 @@ def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
         notes.append("allreduce by allgather: off (the links were not measured; "
                      "Config(allreduce_by_allgather=True) turns it on)")
         return False
-    delta = routing.fold_seconds(sum(sizes), n, links, forced=True)
+    rode = {v.name: priced[v.name] for v in reduced
+            if v.name in priced and priced[v.name].folded_s is not None}
+    delta = routing.fold_delta_s(rode, routing.Fold(routing.fold_seconds(
+        sum(size for v, size in zip(reduced, sizes) if v.name not in rode), n, links,
+        forced=True)))
     on = delta < 0
     notes.append(f"allreduce by allgather: {'on' if on else 'off'} (measured): "
                  f"{sum(sizes):,.0f} bytes of allreduced gradients take {1e3 * delta:+.3f} ms "
@@ -175,14 +182,15 @@ def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
     return on
 
 
-def _fold_s(analysis: GraphAnalysis, config: Config, n: int, links: routing.Links) -> float:
-    """What the allgather's kind adds to a step by taking in the dense gradients'
-    allreduce (`routing.fold_seconds`; 0 where it would not), for density routing to price
-    its routes with."""
-    if config.allreduce_by_allgather is False:
-        return 0.0
+def _fold(analysis: GraphAnalysis, config: Config, n: int,
+          links: routing.Links) -> Optional[routing.Fold]:
+    """The fold of the step's allreduce into the allgather as density routing prices it
+    (`routing.Fold`; None where Config refuses it)."""
+    if config.allreduce_by_allgather is False or n < 2:
+        return None
     dense = sum((v.nbytes or 0) * len(v.updates) for v in analysis.trained if v.kind == "dense")
-    return routing.fold_seconds(dense, n, links, forced=config.allreduce_by_allgather is True)
+    return routing.Fold(routing.fold_seconds(dense, n, links, forced=True),
+                        forced=config.allreduce_by_allgather is True)
 
 
 def _allreduced_bytes(v: VariablePlan) -> Optional[float]:
@@ -274,7 +282,7 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
     (what local aggregation spares the servers' route; None: not measured)."""
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
     candidates, aggregating = _candidates(analysis, config, layout, alphas, links, sent, shared)
-    fold = _fold_s(analysis, config, layout.num_workers, links)
+    fold = _fold(analysis, config, layout.num_workers, links)
     choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced),
                              aggregating, fold)
     if aggregating and config.local_aggregation == "auto":
@@ -344,7 +352,7 @@ def route_trials(analysis: GraphAnalysis, config: Config, layout: Layout,
     plain = tuple(dataclasses.replace(c, aggregation_s=0.0) for c in candidates)
     allowed = {c.name: routing.allowed_routes(c, n) for c in candidates}
 
-    fold = _fold_s(analysis, config, n, links)
+    fold = _fold(analysis, config, n, links)
 
     def predicted(routes, aggregation):
         choices = routing.decide(candidates if aggregation else plain, n, links,

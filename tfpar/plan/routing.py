@@ -104,6 +104,12 @@ class Links:
         """Predicted seconds of the allgather route of `c` per step."""
         return allgather_bytes(c, n) * self.per_byte_s
 
+    def folded_s(self, c: "Candidate", n: int) -> float:
+        """Predicted seconds of the dense route of `c` per step when its allreduce rides in
+        the allgather (Config.allreduce_by_allgather): its summed rows and flags gathered
+        from every worker, at the allgather's cost per byte."""
+        return cost.allgather_bytes(dense_sum_bytes(c), n) * self.gathered_byte_s
+
     def sharded_s(self, c: "Candidate", n: int) -> float:
         """Predicted seconds of the sharded route's bytes of `c` per step, less what
         local aggregation keeps off the host links: the shared rows' gradients, as on the
@@ -152,6 +158,21 @@ class RouteChoice:
     reason: str = ""
     allgather_s: Optional[float] = None
     sharded_s: Optional[float] = None
+    # Its dense route's seconds when the step's allreduce rides in the allgather (priced
+    # where Config.allreduce_by_allgather may fold it; None: not priced).
+    folded_s: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Fold:
+    """Config.allreduce_by_allgather as density routing prices it. dense_s: what the dense
+    gradients' bytes add to a step in the allgather less their own allreduce, its round
+    included (`fold_seconds(..., forced=True)`); forced: True folds whatever it costs,
+    False ("auto") only where the step is faster for it. The sparse variables on the dense
+    route ride along, each priced by `Links.folded_s`."""
+
+    dense_s: float
+    forced: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,10 +251,16 @@ def uniform_routes(choices: Dict[str, RouteChoice], route: str,
     return {name: route if route in allowed[name] else c.route for name, c in choices.items()}
 
 
+def dense_sum_bytes(c: Candidate) -> float:
+    """What a worker puts into the dense route of `c` a step: each gradient's rows summed
+    into the whole table, with one count per row (the count says which rows any worker
+    touched, so the update stays sparse and exact)."""
+    return float(c.rows * (c.row_bytes + 4) * c.gradients)
+
+
 def allreduce_bytes(c: Candidate, n: int) -> float:
-    """Dense allreduce of the variable's summed gradient plus one count per row (the count
-    says which rows any worker touched, so the update stays sparse and exact)."""
-    return cost.allreduce_bytes(c.rows * (c.row_bytes + 4), n) * c.gradients
+    """Dense allreduce of the variable's summed gradient plus its counts."""
+    return cost.allreduce_bytes(dense_sum_bytes(c), n)
 
 
 def ps_bytes(c: Candidate, n: int) -> float:
@@ -263,7 +290,7 @@ def allowed_routes(c: Candidate, n: int) -> Tuple[str, ...]:
 
 def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
            forced: Optional[Dict[str, str]] = None,
-           aggregation: bool = False, fold_s: float = 0.0) -> Dict[str, RouteChoice]:
+           aggregation: bool = False, fold: Optional[Fold] = None) -> Dict[str, RouteChoice]:
     """The routes of the candidates that minimise the predicted step time.
 
     A step pays each variable's time on its route (`Links.allreduce_s`, `ps_s`,
@@ -275,9 +302,11 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     a tie, then the order of `SPARSE_ROUTES`. `forced` routes are kept (their kinds are
     paid for). aggregation: the hosts aggregate their pushes and row gradients (the
     servers' and the sharded routes gain each candidate's `aggregation_s` and pay one more
-    exchange, the servers' also the forwarding of each candidate's parts). fold_s: what
-    the allgather's kind adds to its fixed cost when the step's allreduce rides in it
-    (`fold_seconds`; 0: it does not).
+    exchange, the servers' also the forwarding of each candidate's parts). fold: where
+    the allgather is taken, the step's allreduce may ride in it (`Fold`): then the dense
+    gradients cost `fold.dense_s` more and each variable on the dense route its
+    `Links.folded_s` instead of its allreduce, and each choice of kinds is priced with
+    and without it ("auto") or with it (forced).
     """
     forced = forced or {}
     volume = {c.name: {"allreduce": allreduce_bytes(c, n), "ps": ps_bytes(c, n),
@@ -287,12 +316,16 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
                       "ps": links.ps_s(c, n, aggregation),
                       "allgather": links.allgather_s(c, n), "sharded": links.sharded_s(c, n)}
              for c in candidates}
+    folded_times = {c.name: links.folded_s(c, n) for c in candidates} if fold else {}
     allowed = {c.name: allowed_routes(c, n) for c in candidates}
-    fixed = fixed_costs(links, aggregation, fold_s)
+    fixed = fixed_costs(links, aggregation)
     paid = set(forced.values())
     free = [c.name for c in candidates if c.name not in forced]
 
-    def routes_with(kinds):
+    def time_of(name, route, folded):
+        return folded_times[name] if folded and route == "allreduce" else times[name][route]
+
+    def routes_with(kinds, folded=False):
         """Each free variable's fastest route among the kinds paid for (None: impossible),
         the step's time and the sum of the variables' times alone."""
         route = dict(forced)
@@ -300,29 +333,35 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
             options = [r for r in allowed[name] if r == "allreduce" or r in kinds]
             if not options:
                 return None, float("inf"), float("inf")
-            route[name] = min(options, key=lambda r: times[name][r])  # ties: listed first
-        bytes_s = sum(times[name][r] for name, r in route.items() if name in times)
+            route[name] = min(options, key=lambda r: time_of(name, r, folded))  # ties: first
         used = {r for r in route.values()}
-        return route, bytes_s + sum(fixed.get(r, 0.0) for r in used), bytes_s
+        if folded and "allgather" not in used:
+            return None, float("inf"), float("inf")  # nothing to ride in
+        bytes_s = sum(time_of(name, r, folded) for name, r in route.items() if name in times)
+        total = bytes_s + sum(fixed.get(r, 0.0) for r in used) + (fold.dense_s if folded else 0)
+        return route, total, bytes_s
 
     choices = []
     kinds = [k for k in _ORDER if k in fixed]
+    variants = (False,) if fold is None else (True, False) if not fold.forced else (True,)
     for extra in sorted((subset for size in range(len(kinds) + 1)
                          for subset in itertools.combinations(kinds, size)), key=len):
-        route, total, bytes_s = routes_with(paid | set(extra))
-        if route is not None:
-            choices.append((total, len(set(route.values())), route, bytes_s))
-    _, _, route, bytes_s = min(choices, key=lambda c: (c[0], c[1]))
+        for folded in variants if "allgather" in paid | set(extra) else (False,):
+            route, total, bytes_s = routes_with(paid | set(extra), folded)
+            if route is not None:
+                choices.append((total, len(set(route.values())), route, bytes_s, folded))
+    _, _, route, bytes_s, folded = min(choices, key=lambda c: (c[0], c[1]))
     used = set(route.values())
     out = {}
     for c in candidates:
-        t, b, r = times[c.name], volume[c.name], route[c.name]
+        b, r = volume[c.name], route[c.name]
+        t = {k: time_of(c.name, k, folded) for k in times[c.name]}
         # The fastest without fixed costs (equal bytes: the cheaper protocol).
         alone = min(allowed[c.name], key=lambda k: (t[k], fixed.get(k, 0.0)))
         if c.name in forced:
             why = "set by tfpar.Config(sparse_route=...)"
         elif alone != r:
-            _, _, with_it = routes_with(used | {alone})
+            _, _, with_it = routes_with(used | {alone}, folded)
             why = (f"{_KIND[alone]} would save {1e3 * (bytes_s - with_it):.3f} ms, less "
                    f"than {_FIXED_WHY[alone]} ({1e3 * fixed[alone]:.3f} ms)")
         elif r in ("ps", "sharded"):
@@ -337,6 +376,11 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
                 why += (f"; {_FIXED_WHY[r]} ({1e3 * fixed[r]:.3f} ms) "
                         + ("<=" if fixed[r] <= fixed[twin] else ">")
                         + f" {_FIXED_WHY[twin]} ({1e3 * fixed[twin]:.3f} ms)")
+        elif r == "allreduce" and folded:
+            why = (f"most rows touched: its summed rows ({dense_sum_bytes(c):,.0f} bytes) "
+                   "in the allgather with the dense gradients take less time than "
+                   f"{b['ps']:,.0f} bytes per worker on the parameter servers or an "
+                   f"allgather of its rows ({b['allgather']:,.0f})")
         elif r == "allreduce":
             why = (f"most rows touched: a dense allreduce of {b['allreduce']:,.0f} bytes per "
                    f"worker takes less time than {b['ps']:,.0f} on the parameter "
@@ -346,32 +390,53 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
                    f"than {b['ps']:,.0f} on the parameter servers or by all-to-all"
                    + (f" or a dense allreduce of {b['allreduce']:,.0f}" if c.dense_route
                       else " (a dense allreduce would not be exact)"))
-        out[c.name] = RouteChoice(r, c.alpha, t["allreduce"], t["ps"], why, t["allgather"],
-                                  t["sharded"] if "sharded" in allowed[c.name] else None)
+        out[c.name] = RouteChoice(r, c.alpha, times[c.name]["allreduce"], t["ps"], why,
+                                  t["allgather"],
+                                  t["sharded"] if "sharded" in allowed[c.name] else None,
+                                  folded_times.get(c.name))
     return out
+
+
+def fold_delta_s(choices: Dict[str, RouteChoice], fold: Fold) -> float:
+    """What folding the step's allreduce into the allgather adds to the step of `choices`
+    (below zero: saves): the dense gradients' `fold.dense_s` and, for each variable on
+    the dense route, its time in the allgather less its allreduce's."""
+    return fold.dense_s + sum(c.folded_s - c.allreduce_s for c in choices.values()
+                              if c.route == "allreduce" and c.folded_s is not None
+                              and c.allreduce_s is not None)
+
+
+def folds(choices: Dict[str, RouteChoice], fold: Optional[Fold],
+          forced: Tuple[str, ...] = ()) -> bool:
+    """Whether the step of `choices` folds its allreduce into the allgather: some variable
+    takes the allgather (`forced`: the routes of variables not measured) and the fold is
+    forced or saves time (`fold_delta_s`)."""
+    if fold is None or "allgather" not in {c.route for c in choices.values()} | set(forced):
+        return False
+    return fold.forced or fold_delta_s(choices, fold) < 0
 
 
 def predicted_step_s(choices: Dict[str, RouteChoice], links: Links,
                      aggregation: bool = False, forced: Tuple[str, ...] = (),
-                     fold_s: float = 0.0) -> float:
+                     fold: Optional[Fold] = None) -> float:
     """The step time `decide` predicted for its choices: each measured variable's time on
     its route plus the fixed cost of every kind of route taken (`forced`: the routes of
-    variables not measured, whose kinds are paid for too)."""
+    variables not measured, whose kinds are paid for too), and the fold's where it folds
+    (`folds`)."""
     moved = sum(getattr(c, f"{c.route}_s") or 0.0 for c in choices.values())
-    fixed = fixed_costs(links, aggregation, fold_s)
+    fixed = fixed_costs(links, aggregation)
     kinds = {c.route for c in choices.values()} | set(forced)
-    return moved + sum(fixed.get(r, 0.0) for r in kinds)
+    folding = fold_delta_s(choices, fold) if folds(choices, fold, forced) else 0.0
+    return moved + sum(fixed.get(r, 0.0) for r in kinds) + folding
 
 
-def fixed_costs(links: Links, aggregation: bool = False,
-                fold_s: float = 0.0) -> Dict[str, float]:
+def fixed_costs(links: Links, aggregation: bool = False) -> Dict[str, float]:
     """Seconds a kind of route adds to a step once any variable takes it (sequential
     exchanges; local aggregation one more on the servers' route, three more all-to-alls
     within the host on the sharded rows'); the allreduce route
-    joins the dense gradients' allreduce, and the allgather takes it in where that pays
-    (`fold_s`, below zero: the allgather then saves a collective)."""
+    joins the dense gradients' allreduce."""
     return {"ps": (PS_ROUND_TRIPS + aggregation) * links.latency_s,
-            "allgather": links.latency_s + fold_s,
+            "allgather": links.latency_s,
             "sharded": (SHARDED_EXCHANGES + SHARDED_HOST_EXCHANGES * aggregation)
             * links.alltoall_s}
 
