@@ -336,7 +336,7 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
             route[name] = min(options, key=lambda r: time_of(name, r, folded))  # ties: first
         used = {r for r in route.values()}
         if folded and "allgather" not in used:
-            return None, float("inf"), float("inf")  # nothing to ride in
+            return routes_with(kinds, False)  # nothing to ride in: no fold
         bytes_s = sum(time_of(name, r, folded) for name, r in route.items() if name in times)
         total = bytes_s + sum(fixed.get(r, 0.0) for r in used) + (fold.dense_s if folded else 0)
         return route, total, bytes_s
