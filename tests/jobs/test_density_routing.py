@@ -132,6 +132,8 @@ def _check_routes(ranks, scenario):
             continue
         t = {r: choice[f"{r}_s"] for r in routing.SPARSE_ROUTES
              if choice[f"{r}_s"] is not None}
+        if plan["allreduce_by_allgather"]:  # the dense route's bytes ride in the allgather
+            t["allreduce"] = choice["folded_s"]
         fastest = min(t, key=t.get)
         if t[routes[name]] > t[fastest]:  # only a kind of route not paid for is passed over
             assert fastest not in used and "less than" in choice["reason"], choice
