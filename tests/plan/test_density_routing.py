@@ -412,6 +412,7 @@ def test_a_table_on_the_dense_route_is_priced_as_it_rides_in_the_folded_allgathe
     assert folding["small"].folded_s == pytest.approx(6 * D * 1e-8)
     assert folding["small"].allgather_s == pytest.approx(6 * rows * (32 + 8) * 1e-8)
     assert routing.folds(folding, fold)
+    assert "0.648 ms allreduce in the allgather" in routing.describe("small", folding["small"])
     assert routing.predicted_step_s(folding, links, fold=fold) == pytest.approx(
         folding["big"].allgather_s + folding["small"].allgather_s + 5e-3 - 4e-3)
     # Kept on the dense route (forced), the table's 3 D more in the allgather cost more

@@ -512,5 +512,7 @@ def describe(name: str, choice: RouteChoice) -> str:
                  + ("" if choice.allgather_s is None else
                     f" vs {1e3 * choice.allgather_s:.3f} ms allgather")
                  + ("" if choice.sharded_s is None else
-                    f" vs {1e3 * choice.sharded_s:.3f} ms sharded") + ")")
+                    f" vs {1e3 * choice.sharded_s:.3f} ms sharded")
+                 + ("" if choice.folded_s is None else
+                    f"; {1e3 * choice.folded_s:.3f} ms allreduce in the allgather") + ")")
     return f"{name}: alpha {alpha} -> {choice.route}{times}: {choice.reason}"
