@@ -26,6 +26,10 @@ RTOL, ATOL = 1e-5, 1e-6
 MODEL = {"optimizer": "adam", "sparse": True}
 PLAIN = {"name": "plain", "model": MODEL, "last_step": 6, "batch": 4, "save_steps": 3}
 WITH_USER_HOOKS = {**PLAIN, "name": "user_hooks", "extra_hooks": True}
+# A histogram of every variable, the embedding's sharded: the chief's summaries read it
+# whole, a collective the other worker must join.
+SHARDED_HISTOGRAMS = {**PLAIN, "name": "sharded_histograms", "histograms": True,
+                      "config": {"sparse_route": "sharded"}}
 INPUT_ENDS = {"name": "input_ends", "rows": 12}  # 6 rows a worker, 2 a step: 3 steps
 STOP_ON_ONE = {"name": "stop_on_one", "model": MODEL, "last_step": 6, "batch": 4,
                "stop_on": [1, 3]}
@@ -79,22 +83,29 @@ def assert_equal_to_reference(folder, name, n):
     return single
 
 
-def summaries(folder):
-    """{tag: [steps]} of the events files in folder, and how many files there are."""
+def summaries(folder, values=None):
+    """{tag: [steps]} of the events files in folder, and how many files there are.
+    values: a dict that gets {(tag, step): the histogram's [min, max, num, sum,
+    sum_squares]}."""
     files = glob.glob(os.path.join(folder, "events.out.tfevents.*"))
     steps = {}
     for path in files:
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
                 steps.setdefault(value.tag, []).append(event.step)
+                if values is not None and value.HasField("histo"):
+                    h = value.histo
+                    values[value.tag, event.step] = [h.min, h.max, h.num, h.sum,
+                                                     h.sum_squares]
     return {k: sorted(v) for k, v in steps.items()}, len(files)
 
 
 @pytest.fixture(scope="module")
 def hybrid_tf2(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("monitored_hybrid_tf2"))
-    proc = job(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS, INPUT_ENDS])
-    reference(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS])
+    proc = job(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS, SHARDED_HISTOGRAMS,
+                           INPUT_ENDS])
+    reference(folder, 2, [PLAIN, STOP_ON_ONE, WITH_USER_HOOKS, SHARDED_HISTOGRAMS])
     return folder, proc.stdout
 
 
@@ -161,6 +172,30 @@ def test_summaries_are_written_by_the_chief_at_tfs_steps(hybrid_tf2):
               tf.compat.v1.train.summary_iterator(path) if e.graph_def]
     assert graphs and not any(n.op.startswith("Horovod") for n in graphs[0].node)
     assert os.path.exists(os.path.join(folder, "plain", "checkpoints", "graph.pbtxt"))
+
+
+def test_histograms_of_a_sharded_embedding_are_written_at_tfs_steps_with_its_values(
+        hybrid_tf2):
+    """The chief's summaries read the sharded embedding whole (a collective): every worker
+    runs them at the steps the chief writes them, so none waits for ever."""
+    folder, _ = hybrid_tf2
+    assert_equal_to_reference(folder, "sharded_histograms", 2)
+    ours, theirs = {}, {}
+    our_steps, _ = summaries(os.path.join(folder, "sharded_histograms", "checkpoints"), ours)
+    their_steps, _ = summaries(os.path.join(folder, "sharded_histograms", "single"), theirs)
+    emb, = [tag for tag in their_steps if tag.startswith("emb")]  # "emb_1": TF's unique name
+    assert our_steps == their_steps and len(their_steps[emb]) == 3, (our_steps, their_steps)
+    assert set(ours) == set(theirs)
+    for key in theirs:
+        # A summary fetched with the training op reads the variable before or after its
+        # update (a race on one device too): min, max, sum and sum of squares agree within
+        # a step's change, the element count exactly (a tile missing or twice would not).
+        assert ours[key][2] == theirs[key][2], key
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=0.05, atol=0.05,
+                                   err_msg=str(key))
+    # The embedding moved between the histograms (the steps are not all the initial one).
+    first, last = min(their_steps[emb]), max(their_steps[emb])
+    assert theirs[emb, first] != theirs[emb, last]
 
 
 def test_a_stop_one_worker_requests_stops_every_worker_at_the_same_step(hybrid_tf2):

@@ -74,14 +74,18 @@ def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, hooks=None,  
     all_hooks = _without_horovod_hooks(list(hooks or []) +
                                        (list(chief_only_hooks or []) if is_chief else []))
     scaffold = _built_scaffold(graph, scaffold)
+    summaries = None
     if is_chief:  # TF's defaults: the step rate and the summaries, on the chief
         if log_step_count_steps and log_step_count_steps > 0:
             all_hooks.append(train.StepCounterHook(output_dir=summary_dir,
                                                    every_n_steps=log_step_count_steps))
         if summary_dir and (save_summaries_steps or save_summaries_secs):
-            all_hooks.append(train.SummarySaverHook(
-                scaffold=scaffold, save_steps=save_summaries_steps,
-                save_secs=save_summaries_secs, output_dir=summary_dir))
+            summaries = AgreedSummarySaverHook(scaffold.summary_op, summary_dir,
+                                               save_summaries_steps, save_summaries_secs)
+    elif scaffold.summary_op is not None:  # runs the summaries the chief writes, if it must
+        summaries = AgreedSummarySaverHook(scaffold.summary_op)
+    if summaries is not None:
+        all_hooks.append(summaries)
     with graph.as_default():
         for hook in all_hooks:
             hook.begin()
@@ -92,11 +96,17 @@ def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, hooks=None,  
                              "before building the training op")
     runner = get_runner(graph, resources, tfpar_config)
     # Horovod scripts pass checkpoint_dir on rank 0 only; every worker takes part in
-    # tfpar's restores and saves, so all take the chief's.
-    checkpoint_dir = job.allgather_strings(checkpoint_dir or "")[0] or None
+    # tfpar's restores and saves, so all take the chief's. And whether the chief writes
+    # summaries: it does at the first run, as TF's hook does.
+    chiefs = job.allgather_strings(
+        f"{int(summaries is not None and summaries.writes)}{checkpoint_dir or ''}")[0]
+    checkpoint_dir = chiefs[1:] or None
+    if summaries is not None:
+        summaries.follow(runner, first=chiefs[0] == "1")
     graph.finalize()  # as TF does: a hook that adds ops after begin() fails loudly
     return MonitoredSession(runner, graph, all_hooks, scaffold, checkpoint_dir,
-                            save_checkpoint_steps, save_checkpoint_secs, max_to_keep)
+                            save_checkpoint_steps, save_checkpoint_secs, max_to_keep,
+                            summaries)
 
 
 def _without_horovod_hooks(hooks: List) -> List:
@@ -130,12 +140,88 @@ def _built_scaffold(graph: tf.Graph, scaffold):
                           copy_from_scaffold=None)
 
 
-class _Agreement:
-    """One Horovod allgather per run of small flags (stop, save, failed), so that every
-    worker takes the same decision at the same step. Built once: a step pays one small
-    collective, not a new graph."""
+class AgreedSummarySaverHook(train.SessionRunHook):
+    """TF's `SummarySaverHook` (the same summaries at the same steps, a `SessionLog` START
+    first, the user's graph for TensorBoard), with the runs that fetch the summaries
+    agreed by every worker.
 
-    STOP, SAVE, FAILED = 0, 1, 2
+    A summary may read a variable split over the workers (a histogram of a sharded
+    embedding or of a tiled layer): a collective, which the chief alone would wait in for
+    ever. So the chief decides after each run whether the next one writes summaries
+    (`wants_next`: TF's timer, read at the end of a run rather than the start of the
+    next), every worker learns it in the session's agreement after the run, and the
+    other workers fetch the summaries in the same runs when they take part in a
+    collective, and discard them. Without an output folder it only follows."""
+
+    def __init__(self, summary_op, output_dir: Optional[str] = None,
+                 save_steps: Optional[int] = None, save_secs: Optional[float] = None):
+        self._op = summary_op
+        self._output_dir = output_dir
+        self._timer = train.SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps) \
+            if output_dir is not None else None
+        self._writer = None
+        self._step = None
+        self._next_step = None  # the global step the next run reaches (None: no run yet)
+        self._fetch = output_dir is not None  # the chief writes; the others see `follow`
+        self.agreed = False  # whether the next run fetches the summaries (every worker)
+        self._requested = False
+
+    writes = property(lambda self: self._output_dir is not None)
+
+    def follow(self, runner, first: bool):
+        """After the rewrite: whether the others must run the summaries with the chief, and
+        whether the first run does (the chief writes summaries)."""
+        self._fetch = self.writes or runner.waits_for_every_worker(self._op)
+        self.agreed = first
+
+    def wants_next(self) -> bool:
+        """The chief's decision for the next run, as TF's hook takes it."""
+        return self.writes and (self._next_step is None
+                                or self._timer.should_trigger_for_step(self._next_step))
+
+    def begin(self):
+        if self.writes:
+            self._writer = tf.compat.v1.summary.FileWriterCache.get(self._output_dir)
+            self._step = train.get_global_step()
+            if self._step is None:
+                raise RuntimeError("Global step should be created to use SummarySaverHook.")
+            self._step = tf.identity(self._step, name="tfpar_summary_step")
+        self._next_step = None
+
+    def before_run(self, run_context):
+        self._requested = self.agreed
+        fetches = {"global_step": self._step} if self.writes else {}
+        if self._requested and self._fetch and self._op is not None:
+            fetches["summary"] = self._op
+        return train.SessionRunArgs(fetches) if fetches else None
+
+    def after_run(self, run_context, run_values):
+        if not self.writes:
+            return
+        results = run_values.results
+        step = results["global_step"] + 1
+        if self._next_step is None or self._requested:
+            step = run_context.session.run(self._step)
+        if self._next_step is None:
+            self._writer.add_session_log(
+                tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START), step)
+        if self._requested:
+            self._timer.update_last_triggered_step(step)
+            if "summary" in results:
+                self._writer.add_summary(results["summary"], step)
+        self._next_step = step + 1
+
+    def end(self, session=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+
+class _Agreement:
+    """One Horovod allgather per run of small flags (stop, save, failed, the chief's
+    summaries at the next run), so that every worker takes the same decision at the same
+    step. Built once: a step pays one small collective, not a new graph."""
+
+    STOP, SAVE, FAILED, SUMMARIES = 0, 1, 2, 3
 
     def __init__(self):
         hvd = job.horovod()
@@ -144,14 +230,14 @@ class _Agreement:
             return
         self._graph = tf.Graph()
         with self._graph.as_default():
-            self._flags = tf.compat.v1.placeholder(tf.int32, [1, 3])
+            self._flags = tf.compat.v1.placeholder(tf.int32, [1, 4])
             self._gathered = hvd.allgather(self._flags, name="tfpar_monitored_flags")
         self._session = tf.compat.v1.Session(
             graph=self._graph, config=tf.compat.v1.ConfigProto(device_count={"GPU": 0}))
 
-    def __call__(self, stop: bool, save: bool, failed: bool) -> np.ndarray:
-        """The flags of every worker, [workers, 3]."""
-        mine = np.array([[stop, save, failed]], np.int32)
+    def __call__(self, stop: bool, save: bool, failed: bool, summaries: bool) -> np.ndarray:
+        """The flags of every worker, [workers, 4]."""
+        mine = np.array([[stop, save, failed, summaries]], np.int32)
         if self.size == 1:
             return mine
         return self._session.run(self._gathered, {self._flags: mine})
@@ -165,8 +251,9 @@ class MonitoredSession:
     """The session `tfpar.MonitoredTrainingSession` returns (TF's MonitoredSession API)."""
 
     def __init__(self, runner, graph, hooks, scaffold, checkpoint_dir, save_steps, save_secs,
-                 max_to_keep):
+                 max_to_keep, summaries: Optional[AgreedSummarySaverHook] = None):
         self._runner, self._graph, self._hooks = runner, graph, hooks
+        self._summaries = summaries
         self._user_session = runner.user_session
         self._checkpoint_dir, self._save_steps, self._save_secs = (
             checkpoint_dir, save_steps, save_secs)
@@ -261,7 +348,9 @@ class MonitoredSession:
 
     def _agree(self, stop_requested: bool, failure: Optional[BaseException]):
         want_save = self._runner.is_chief and self._save_due()
-        flags = self._agreement(bool(stop_requested), want_save, failure is not None)
+        summaries = self._summaries is not None and self._summaries.wants_next()
+        flags = self._agreement(bool(stop_requested), want_save, failure is not None,
+                                summaries)
         failed = [r for r in range(len(flags)) if flags[r, _Agreement.FAILED]]
         if failed and failure is None:
             texts = job.allgather_strings("")
@@ -270,6 +359,8 @@ class MonitoredSession:
         if failed:
             job.allgather_strings(f"{type(failure).__name__}: {failure}")
             return
+        if self._summaries is not None:
+            self._summaries.agreed = bool(flags[0, _Agreement.SUMMARIES])
         if flags[:, _Agreement.STOP].any():
             self._stop = True
         if flags[0, _Agreement.SAVE]:

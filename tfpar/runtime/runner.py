@@ -599,6 +599,13 @@ class Runner:
         """Whether running `mapped` is a training step: it reaches an update."""
         return _reaches(mapped, self._updates, self._is_step_cache)
 
+    def waits_for_every_worker(self, fetches) -> bool:
+        """Whether running `fetches` (the original graph's tensors, ops or names) takes part
+        in a collective, so that every worker must run it at the same point: a training
+        step, or a read of a variable split over the workers (a summary of a sharded
+        embedding)."""
+        return self._waits(tf.nest.map_structure(self._element, fetches))
+
     def _waits(self, mapped) -> bool:
         """Whether running `mapped` waits for the other workers: it reaches a collective
         or an update."""

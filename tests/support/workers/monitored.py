@@ -6,7 +6,8 @@ usage: horovodrun -np N ... python monitored.py SPEC_JSON OUT_DIR [--single N]
 SPEC: {"tf1": bool, "scenarios": [{"name", "model": kwargs of models.build, "config":
 kwargs of tfpar.Config, "last_step", "batch" (rows per worker), "save_steps",
 "stop_on" [rank, run] (a hook on that rank alone requests a stop after that run),
-"nan_at" (worker 0's rows are NaN at that step), "extra_hooks" (the chief also has a
+"nan_at" (worker 0's rows are NaN at that step), "histograms" (a histogram summary of
+every trainable variable), "extra_hooks" (the chief also has a
 CheckpointSaverHook and a ProfilerHook writing to <name>/extra), "die_at" (every worker exits with
 status 3 before that step, as a killed job)}]}.
 The input is indexed by the global step (a FeedFnHook), so a resumed job continues on
@@ -73,6 +74,9 @@ def train(sc, n, rank, out, single, init=None):
     with graph.as_default():
         step_var = tf1.train.get_global_step()
         tf1.summary.scalar("train_loss", h["loss"])
+        if sc.get("histograms"):  # TF1 scripts' idiom: a histogram of every variable
+            for v in tf1.trainable_variables():
+                tf1.summary.histogram(v.op.name, v)
         variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
         position = StepIndexedInput(step_var)
 
