@@ -57,6 +57,10 @@ def check(out_dir, scenario, n):
     for r in ranks[1:]:
         for k in names:
             np.testing.assert_array_equal(r[f"init/{k}"], init0[k], err_msg=f"init {k}")
+    # The same step has the same collectives on every worker (else the liveness hub would
+    # take a slow step for runs that differ: tfpar.runtime.liveness._check_runs).
+    assert len({str(r["step_collectives"]) for r in ranks}) == 1, \
+        [str(r["step_collectives"]) for r in ranks]
     expected, losses = single_device(scenario, n, init0)
     assert set(expected) == set(names)
     for r, data in enumerate(ranks):

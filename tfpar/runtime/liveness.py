@@ -13,6 +13,10 @@ TCP link to worker 0 (the hub):
   that keeps the others waiting: one whose input ended (or that finished) while others wait
   in a step, for longer than the liveness timeout; and any training step over
   `Config.step_deadline`, with the workers that are not in it.
+- **Runs that differ.** Heartbeats also carry a signature of the Horovod collectives of
+  each worker's current and last run that waits for the others; two workers stuck in runs
+  whose runs of the same number differ (the chief alone reading a sharded variable) are
+  named with what each ran, after the liveness timeout instead of the step deadline.
 - **No silent start.** Each worker reports the stage it is in (starting the parameter
   servers, initialising, the broadcast, and inside a training step what the runner's probe
   finds: a PS read, a collective, a push, the chief's update, the token). A worker that has
@@ -150,12 +154,24 @@ def _lines(reader):
 class _State:
     """A worker's training-step state as the hub knows it."""
 
-    __slots__ = ("kind", "since", "steps", "input_ended", "stage")
+    __slots__ = ("kind", "since", "steps", "input_ended", "stage", "run", "last")
 
     def __init__(self, kind: str = "idle", since: float = 0.0, steps: int = 0):
         self.kind, self.since, self.steps = kind, since, steps
         self.input_ended = False  # its last training step raised OutOfRangeError
         self.stage = ""  # where it is: a start-up stage, or what a step waits for
+        # The collectives of its current run and of its last finished one ([signature,
+        # what it fetches]; signature "": none): the runs of the same number must match.
+        self.run = ["", ""]
+        self.last = ["", ""]
+
+    def runs(self) -> Dict[int, List[str]]:
+        """{number of a run that waits for the others: [signature, what]} it is in or ran
+        last (`steps` counts them)."""
+        out = {self.steps: self.last} if self.last[0] else {}
+        if self.kind == "step" and self.run[0]:
+            out[self.steps + 1] = self.run
+        return out
 
 
 _LIVENESS: Optional["Liveness"] = None
@@ -245,9 +261,13 @@ class Liveness:
         m = self.members[rank]
         return f"worker {rank} (host {m['host']}, pid {m['pid']})"
 
-    def step_started(self):
+    def step_started(self, signature: str = "", what: str = ""):
+        """A run that waits for the other workers started; `signature`: its Horovod
+        collectives' (equal on every worker for the same run; "" none), `what`: its
+        fetches, to name it."""
         self._mine.input_ended = False
         self._mine.stage = "a training step"
+        self._mine.run = [signature, what]
         self._set_state("step")
 
     def stage(self, text: str):
@@ -264,6 +284,7 @@ class Liveness:
         """A training step ended; `input_ended`: it raised OutOfRangeError (input exhausted)."""
         if self._mine.kind == "step" and not input_ended:
             self._mine.steps += 1
+            self._mine.last = self._mine.run
         self._mine.input_ended = input_ended
         self._mine.stage = ""
         self._set_state("ended" if input_ended else "idle")
@@ -326,9 +347,11 @@ class Liveness:
             self._seen[key] = time.monotonic()
             cmd, _, text = line.strip().partition(" ")
             if cmd == "PING" and text:
-                kind, steps, age, stage = (text.split(" ", 3) + [""])[:4]
+                kind, steps, age, rest = (text.split(" ", 3) + ["{}"])[:4]
+                rest = json.loads(rest)
                 state = self._states[rank]
-                state.kind, state.steps, state.stage = kind, int(steps), stage
+                state.kind, state.steps, state.stage = kind, int(steps), rest.get("stage", "")
+                state.run, state.last = rest.get("run", ["", ""]), rest.get("last", ["", ""])
                 state.since = time.monotonic() - float(age)
             elif cmd == "BYE":
                 steps, ended = (text.split() + ["0", "0"])[:2]
@@ -361,6 +384,8 @@ class Liveness:
     def _check_steps(self):
         """Hub: name the worker(s) a training step waits for, once it has waited too long."""
         now = time.monotonic()
+        if self._check_runs(now):
+            return
         bound = self.first_step_deadline
         for r, state in list(self._states.items()):
             if (bound and state.steps == 0 and state.kind in ("start", "step")
@@ -400,6 +425,29 @@ class Liveness:
                            f"for {waited:.0f} s, over tfpar.Config(step_deadline="
                            f"{self.step_deadline:g}){why}")
                 return
+
+    def _check_runs(self, now: float) -> bool:
+        """Hub: two workers whose runs of the same number take part in different collectives
+        (a read of a split variable, or a step, on some workers only) wait for each other
+        for ever: once both have waited the liveness timeout, name the two runs."""
+        stuck = {r: s for r, s in self._states.items() if s.kind == "step"
+                 and now - s.since > self.timeout and not s.input_ended}
+        for r, e in ((r, e) for r in sorted(stuck) for e in sorted(stuck) if r < e):
+            theirs = stuck[e].runs()
+            for number, (signature, what) in sorted(stuck[r].runs().items()):
+                other = theirs.get(number)
+                if other is None or other[0] == signature:
+                    continue
+                self._fail(
+                    f"{self.describe(r)} and {self.describe(e)} took part in different "
+                    f"collectives in their run {number} that waits for the other workers: "
+                    f"{self.describe(r)} ran {what or '?'}, {self.describe(e)} ran "
+                    f"{other[1] or '?'}. Every worker must make the same such runs in the "
+                    "same order (a training step; a read of a variable split over the "
+                    "workers, route 'sharded' or tiled, such as a summary or an evaluation): "
+                    "make that run on every worker, or on none")
+                return True
+        return False
 
     # -- the other workers ---------------------------------------------------------------------
     def _connect(self):
@@ -458,7 +506,8 @@ class Liveness:
             elif self._link is not None:
                 s = self._mine
                 self._send(self._link, f"PING {s.kind} {s.steps} "
-                                       f"{time.monotonic() - s.since:.3f} {s.stage}")
+                                       f"{time.monotonic() - s.since:.3f} " + json.dumps(
+                                           {"stage": s.stage, "run": s.run, "last": s.last}))
             time.sleep(self.interval())
 
     def _probing(self):

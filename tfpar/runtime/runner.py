@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import re
 import threading
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -318,6 +319,7 @@ class Runner:
                                             if op.type.startswith("Horovod")}
         self._is_step_cache: Dict[tuple, bool] = {}
         self._waits_cache: Dict[tuple, bool] = {}
+        self._signatures: Dict[tuple, str] = {}  # (see _collectives)
         self._broadcast = broadcast
         self._entries = tuple(entries)
         self._assigner = assigner
@@ -544,7 +546,7 @@ class Runner:
         if self._liveness is None or not self._waits(mapped):
             out = self._execute(mapped, feeds, options, run_metadata)
         else:
-            self._liveness.step_started()
+            self._liveness.step_started(*self._collectives(mapped, fetches))
             ended = False
             try:
                 out = self._execute(mapped, feeds, options, run_metadata)
@@ -598,6 +600,20 @@ class Runner:
     def _is_step(self, mapped) -> bool:
         """Whether running `mapped` is a training step: it reaches an update."""
         return _reaches(mapped, self._updates, self._is_step_cache)
+
+    def _collectives(self, mapped, fetches) -> Tuple[str, str]:
+        """The Horovod collectives a run of `mapped` takes part in, as a signature that the
+        same run has on every worker ("": none), and the user's `fetches` named, for the
+        liveness hub to compare runs across workers."""
+        elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
+                    if isinstance(x, (tf.Tensor, tf.Operation))]
+        key = tuple(x.name for x in elements)
+        if key not in self._signatures:
+            names = sorted(op.name for op in upstream(elements) if op.type.startswith("Horovod"))
+            self._signatures[key] = hashlib.sha1("\n".join(names).encode()).hexdigest()[:12] \
+                if names else ""
+        named = ", ".join(str(getattr(x, "name", x)) for x in tf.nest.flatten(fetches))
+        return self._signatures[key], (named if len(named) <= 160 else named[:157] + "...")
 
     def waits_for_every_worker(self, fetches) -> bool:
         """Whether running `fetches` (the original graph's tensors, ops or names) takes part

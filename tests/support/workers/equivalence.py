@@ -63,6 +63,9 @@ def main(scenarios_path, out_dir):
                                                       me.children(recursive=True)]))
             arrays.update(eval_loss)
             arrays["plan"] = np.array(runner.plan.to_json())
+            # The step's collectives as the liveness hub compares them across workers.
+            arrays["step_collectives"] = np.array(runner._collectives(
+                [h["loss"], h["train_op"]], None)[0])
             arrays["communication"] = np.array(json.dumps(runner.communication()))
             arrays["ps_pushes"] = np.array(json.dumps(runner.ps_pushes()))
             arrays["alltoalls"] = np.array(json.dumps(sorted(

@@ -13,6 +13,8 @@ Cases (liveness timeout 5 s):
     so every PS read waits (first step deadline 20 s, liveness timeout 60 s).
   stuck_collective: rank 1 spends 60 s in its own code before its first step, so rank 0
     waits in the step's allreduce (first step deadline 20 s, liveness timeout 60 s).
+  chief_only_read: the embedding is sharded (HYBRID only) and rank 0 alone reads its sum
+    (a collective) before step 3, as a chief-only evaluation or summary would.
 """
 import signal
 import os
@@ -29,6 +31,7 @@ case, mode = sys.argv[1], sys.argv[2]
 rank = int(os.environ["HOROVOD_RANK"])
 stuck = case.startswith("stuck_")
 config = tfpar.Config(run_mode=mode, liveness_timeout=60.0 if stuck else 5.0,
+                      sparse_route="sharded" if case == "chief_only_read" else "ps",
                       step_deadline=4.0 if case == "slow_worker" else 600.0,
                       first_step_deadline=20.0 if stuck else 120.0)
 batches = 3 if case == "uneven_dataset" and rank == 1 else 6
@@ -48,6 +51,7 @@ with graph.as_default():
     w = tf.compat.v1.get_variable("w", [5, 1], use_resource=True)
     loss = tf.reduce_mean(tf.matmul(x + tf.nn.embedding_lookup(emb, ids), w) ** 2)
     train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    emb_sum = tf.reduce_sum(emb)
 
 if case == "one_rank" and rank == 1:
     time.sleep(60)
@@ -71,6 +75,8 @@ else:
     for step in range(3 if case == "uneven_loop" and rank == 1 else 6):
         if case == "slow_worker" and rank == 1 and step == 3:
             time.sleep(60)
+        if case == "chief_only_read" and rank == 0 and step == 2:
+            print(f"rank 0: sum {runner.run(emb_sum)}", flush=True)
         feed = {x: x_data[4 * step:4 * step + 4], ids: ids_data[4 * step:4 * step + 4]}
         runner.run(train, feed)
         steps += 1
