@@ -841,9 +841,9 @@ class _SessionView(surgery.session_base()):
                 and self._tiled):
             raise TfparError(
                 f"a tf.compat.v1.train.Saver cannot save this job's split variables "
-                f"{self._tiled} (Config.tiling): each worker holds only its "
-                "tiles. Use runner.save(path) on every worker: it writes the single-device "
-                "checkpoint, each variable whole (nothing was written)")
+                f"{self._tiled} (route 'sharded', Config.tiling): each worker holds "
+                "only its rows or tiles. Use runner.save(path) on every worker: it writes "
+                "the single-device checkpoint, each variable whole (nothing was written)")
         try:
             return self._session.run(fetches, feed_dict, options, run_metadata)
         except (KeyError, ValueError, TypeError) as e:
