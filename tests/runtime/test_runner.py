@@ -38,6 +38,30 @@ def test_runs_like_a_session(built):
         assert not np.allclose(runner.run(w1), before)
 
 
+def test_make_callable_runs_like_a_sessions(built):
+    """Session.make_callable (TF1 benchmarks' fast path): feeds in order, options
+    accepted when asked, the fetch structure kept; on the runner and on the session hooks
+    and the default session see."""
+    graph, h = built
+    feed = data_feed(h)
+    with tfpar.get_runner(graph, "localhost:1") as runner:
+        step = runner.make_callable([h["loss"], h["train_op"]], ["x:0", h["y"]])
+        loss, none = step(feed[h["x"]], feed[h["y"]])
+        assert none is None and np.isfinite(loss)
+        assert runner.run("global_step:0") == 1
+        read = runner.user_session.make_callable("global_step:0", accept_options=True)
+        meta = tf1.RunMetadata()
+        assert read(options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+                    run_metadata=meta) == 1
+        assert meta.step_stats.dev_stats  # the options reached the run
+        with pytest.raises(TypeError, match="takes 2 feed value"):
+            step(feed[h["x"]])
+        with pytest.raises(TypeError, match="unexpected keyword argument 'options'"):
+            step(feed[h["x"]], feed[h["y"]], options=None)
+        with pytest.raises(tfpar.TfparError):
+            runner.make_callable("no_such_tensor:0")
+
+
 def test_same_result_as_a_plain_session(built):
     graph, h = built
     with tfpar.get_runner(graph) as runner:

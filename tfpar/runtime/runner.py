@@ -561,6 +561,29 @@ class Runner:
                 self._autosave_due()
         return out
 
+    def make_callable(self, fetches, feed_list=None, accept_options=False):
+        """Like `tf.compat.v1.Session.make_callable`: a function of the values of
+        `feed_list` (in order) that runs `fetches` through `run`, so both name the original
+        graph; with `accept_options`, it takes `options` and `run_metadata` too. A fetch or
+        feed it cannot map fails here, as TensorFlow's does."""
+        if self._session is None:
+            raise TfparError("this tfpar Runner is closed")
+        feed_list = list(feed_list or [])
+        tf.nest.map_structure(self._element, fetches)
+        for k in feed_list:
+            self._element(k, feed=True)
+
+        def call(*values, **kwargs):
+            if len(values) != len(feed_list):
+                raise TypeError(f"this callable takes {len(feed_list)} feed value(s), "
+                                f"{len(values)} given")
+            unknown = set(kwargs) - ({"options", "run_metadata"} if accept_options else set())
+            if unknown:
+                raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
+            return self.run(fetches, dict(zip(feed_list, values)) or None,
+                            kwargs.get("options"), kwargs.get("run_metadata"))
+        return call
+
     def _execute(self, mapped, feeds, options, run_metadata):
         """One session run of `mapped`; with the input a step ahead (`Plan.ids_ahead`), a
         run that trains on the staged batch first reads the next one (a run of the input
@@ -902,6 +925,9 @@ class _UserSession(surgery.session_base()):
 
     def as_default(self):
         return surgery.default_session(self)
+
+    def make_callable(self, fetches, feed_list=None, accept_options=False):
+        return self._runner.make_callable(fetches, feed_list, accept_options)
 
     def partial_run_setup(self, *args, **kwargs):
         raise TfparError("partial_run is not supported through tfpar")
