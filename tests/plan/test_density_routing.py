@@ -189,6 +189,27 @@ def test_local_aggregation_auto_prices_one_more_all_to_all_for_sharded_rows():
     assert not routing.decide_aggregation(1e5, links, servers=False, sharded=True).on
 
 
+def test_the_ids_a_step_ahead_price_two_all_to_alls_where_every_table_is_sharded():
+    # Config(ids_ahead=True): the next batch's ids travel with this batch's rows, so the
+    # sharded rows cost two all-to-alls, not three, where every sparse variable is
+    # sharded and no host aggregates (else the plan turns it off).
+    links = routing.Links(latency_s=1e-3, per_byte_s=1e-8, alltoall_latency_s=1.2e-3)
+    assert routing.fixed_costs(links)["sharded"] == pytest.approx(3.6e-3)
+    assert routing.fixed_costs(links, ahead=True)["sharded"] == pytest.approx(2.4e-3)
+    assert routing.fixed_costs(links, True, ahead=True)["sharded"] == pytest.approx(7.2e-3)
+    c = candidate(0.01)  # equal bytes: 3.6 ms of all-to-alls > 3 ms of protocol > 2.4
+    assert routing.decide((c,), 4, links)["emb"].route == "ps"
+    ahead = routing.decide((c,), 4, links, ahead=True)
+    assert ahead["emb"].route == "sharded"
+    assert routing.predicted_step_s(ahead, links, ahead=True) == pytest.approx(
+        ahead["emb"].sharded_s + 2.4e-3)
+    # A variable on another route turns it off: the servers' protocol is paid for "other".
+    assert routing.decide((c,), 4, links, {"other": "ps"}, ahead=True)["emb"].route == "ps"
+    # Local aggregation turns it off too: it costs its three all-to-alls and the one spared.
+    off = routing.decide_aggregation(2e5, links, servers=False, sharded=True, ahead=True)
+    assert off.cost_s == pytest.approx(4 * 1.2e-3) and "4 more all-to-alls" in off.reason
+
+
 def test_local_aggregation_on_the_servers_pays_for_forwarding_each_part():
     # The recommender's case (docs/results/ps_parts/): many tables in parts on the
     # servers: each host's sum of each part is forwarded to the part's server, so

@@ -95,7 +95,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
         decided = None
         if density is not None and aggregation_measured(config, layout):
             decided = decide_aggregation(plan, analysis, dict(measured.duplicates),
-                                         measured.links)
+                                         measured.links, _ahead(config))
             density = dataclasses.replace(density, aggregation=decided)
         wanted = bool(decided and decided.on)
         notes.append("local aggregation " + ("not measured: off (it is measured in the job, by "
@@ -180,6 +180,12 @@ def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
                  f"{sum(sizes):,.0f} bytes of allreduced gradients take {1e3 * delta:+.3f} ms "
                  "in the allgather against their own allreduce (its round and bytes)")
     return on
+
+
+def _ahead(config: Config) -> bool:
+    """Whether the ids go a step ahead where the plan allows it (every sparse variable
+    sharded, no local aggregation: `make_plan`): Config.ids_ahead."""
+    return bool(config.ids_ahead)
 
 
 def _fold(analysis: GraphAnalysis, config: Config, n: int,
@@ -283,15 +289,16 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
     candidates, aggregating = _candidates(analysis, config, layout, alphas, links, sent, shared)
     fold = _fold(analysis, config, layout.num_workers, links)
+    ahead = _ahead(config)
     choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced),
-                             aggregating, fold)
+                             aggregating, fold, ahead)
     if aggregating and config.local_aggregation == "auto":
         plain = routing.decide(tuple(dataclasses.replace(c, aggregation_s=0.0)
                                      for c in candidates), layout.num_workers, links,
-                               dict(forced), False, fold)
+                               dict(forced), False, fold, ahead)
         paid = tuple(forced.values())
-        if routing.predicted_step_s(plain, links, False, paid, fold) <= \
-                routing.predicted_step_s(choices, links, True, paid, fold):
+        if routing.predicted_step_s(plain, links, False, paid, fold, ahead) <= \
+                routing.predicted_step_s(choices, links, True, paid, fold, ahead):
             choices = plain
     for name in forced:  # not measured: no density, no prediction shown
         choices[name] = routing.RouteChoice(forced[name], None,
@@ -356,9 +363,9 @@ def route_trials(analysis: GraphAnalysis, config: Config, layout: Layout,
 
     def predicted(routes, aggregation):
         choices = routing.decide(candidates if aggregation else plain, n, links,
-                                 {**forced, **routes}, aggregation, fold)
+                                 {**forced, **routes}, aggregation, fold, _ahead(config))
         return routing.predicted_step_s(choices, links, aggregation, tuple(forced.values()),
-                                        fold)
+                                        fold, _ahead(config))
 
     def variants(routes):
         if not aggregating or not set(routes.values()) & {"ps", "sharded"}:
@@ -406,7 +413,8 @@ def aggregation_measured(config: Config, layout: Layout) -> bool:
 
 
 def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str, float],
-                       links: routing.Links) -> Optional[routing.Aggregation]:
+                       links: routing.Links,
+                       ahead: bool = False) -> Optional[routing.Aggregation]:
     """Local aggregation's choice for `plan`'s parameter-server and sharded variables
     (None: none).
 
@@ -415,7 +423,8 @@ def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str
     worker (`duplicates`: such rows per step over all hosts, measured), and a dense
     gradient once instead of once per worker; the mean over hosts is what one link is
     spared; on route "sharded" twice (the shared rows' lookups too). It costs one more
-    exchange on the servers' route and three all-to-alls on the sharded one.
+    exchange on the servers' route and three all-to-alls on the sharded one (four where
+    it turns the ids a step ahead off: `ahead`, Config.ids_ahead).
     """
     hosts = len(plan.hosts)
     routes = {v.route for v in plan.variables if v.slot_of is None}
@@ -435,9 +444,10 @@ def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str
             spared += pushed * v.nbytes * sum(slots - 1 for _, slots in plan.hosts)
     parts = sum(len(v.parts) for v in plan.variables
                 if v.route == "ps" and v.slot_of is None and v.kind == "sparse")
+    sparse = {v.route for v in plan.variables if v.slot_of is None and v.kind == "sparse"}
     return routing.decide_aggregation(spared * (hosts - 1) / hosts / hosts, links,
                                       servers="ps" in routes, sharded="sharded" in routes,
-                                      parts=parts)
+                                      parts=parts, ahead=ahead and sparse == {"sharded"})
 
 
 def _sparse_routes(analysis: GraphAnalysis, config: Config,

@@ -13,9 +13,9 @@ the rows its gradients carry (duplicate ids included: what an allgather sends) a
 job's links (an alpha-beta fit of Horovod allreduces), predicts each route's time per step
 with the cost model and picks per variable; the parameter-server protocol's fixed cost is
 paid once if any variable uses it. Sharded rows move the parameter servers' bytes (each
-worker's unique rows to and from their owners) with three all-to-alls instead of the
-servers' protocol, so between those two the measured latencies decide (a tiny all-to-all
-against a tiny allreduce).
+worker's unique rows to and from their owners) with three all-to-alls (two with the ids
+a step ahead) instead of the servers' protocol, so between those two the measured
+latencies decide (a tiny all-to-all against a tiny allreduce).
 
 Pure: no TensorFlow here (measurement is in `tfpar.runtime.measure`).
 """
@@ -38,6 +38,9 @@ PS_ROUND_TRIPS = 3
 # Sequential all-to-alls of route "sharded": ids to their owners and rows back before the
 # forward pass goes on, then the row gradients to their owners.
 SHARDED_EXCHANGES = 3
+# With the ids a step ahead (Config.ids_ahead: every sparse variable sharded, no local
+# aggregation), the next batch's ids go to their owners with this batch's rows: two.
+SHARDED_EXCHANGES_AHEAD = 2
 # What local aggregation adds to them: ids to the host's collector and rows back from it,
 # the row gradients to it.
 SHARDED_HOST_EXCHANGES = 3
@@ -290,7 +293,8 @@ def allowed_routes(c: Candidate, n: int) -> Tuple[str, ...]:
 
 def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
            forced: Optional[Dict[str, str]] = None,
-           aggregation: bool = False, fold: Optional[Fold] = None) -> Dict[str, RouteChoice]:
+           aggregation: bool = False, fold: Optional[Fold] = None,
+           ahead: bool = False) -> Dict[str, RouteChoice]:
     """The routes of the candidates that minimise the predicted step time.
 
     A step pays each variable's time on its route (`Links.allreduce_s`, `ps_s`,
@@ -306,7 +310,9 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     the allgather is taken, the step's allreduce may ride in it (`Fold`): then the dense
     gradients cost `fold.dense_s` more and each variable on the dense route its
     `Links.folded_s` instead of its allreduce, and each choice of kinds is priced with
-    and without it ("auto") or with it (forced).
+    and without it ("auto") or with it (forced). ahead: the ids go a step ahead
+    (Config.ids_ahead) where every variable is sharded and the hosts do not aggregate
+    (`fixed_costs`).
     """
     forced = forced or {}
     volume = {c.name: {"allreduce": allreduce_bytes(c, n), "ps": ps_bytes(c, n),
@@ -319,6 +325,10 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
     folded_times = {c.name: links.folded_s(c, n) for c in candidates} if fold else {}
     allowed = {c.name: allowed_routes(c, n) for c in candidates}
     fixed = fixed_costs(links, aggregation)
+
+    def fixed_of(used):
+        return fixed_costs(links, aggregation, ahead and used == {"sharded"})
+
     paid = set(forced.values())
     free = [c.name for c in candidates if c.name not in forced]
 
@@ -338,7 +348,8 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
         if folded and "allgather" not in used:
             return routes_with(kinds, False)  # nothing to ride in: no fold
         bytes_s = sum(time_of(name, r, folded) for name, r in route.items() if name in times)
-        total = bytes_s + sum(fixed.get(r, 0.0) for r in used) + (fold.dense_s if folded else 0)
+        total = bytes_s + sum(fixed_of(used).get(r, 0.0) for r in used) \
+            + (fold.dense_s if folded else 0)
         return route, total, bytes_s
 
     choices = []
@@ -352,6 +363,7 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
                 choices.append((total, len(set(route.values())), route, bytes_s, folded))
     _, _, route, bytes_s, folded = min(choices, key=lambda c: (c[0], c[1]))
     used = set(route.values())
+    fixed = fixed_of(used)
     out = {}
     for c in candidates:
         b, r = volume[c.name], route[c.name]
@@ -418,27 +430,30 @@ def folds(choices: Dict[str, RouteChoice], fold: Optional[Fold],
 
 def predicted_step_s(choices: Dict[str, RouteChoice], links: Links,
                      aggregation: bool = False, forced: Tuple[str, ...] = (),
-                     fold: Optional[Fold] = None) -> float:
+                     fold: Optional[Fold] = None, ahead: bool = False) -> float:
     """The step time `decide` predicted for its choices: each measured variable's time on
     its route plus the fixed cost of every kind of route taken (`forced`: the routes of
-    variables not measured, whose kinds are paid for too), and the fold's where it folds
-    (`folds`)."""
+    variables not measured, whose kinds are paid for too; `ahead` as `decide`'s), and the
+    fold's where it folds (`folds`)."""
     moved = sum(getattr(c, f"{c.route}_s") or 0.0 for c in choices.values())
-    fixed = fixed_costs(links, aggregation)
     kinds = {c.route for c in choices.values()} | set(forced)
+    fixed = fixed_costs(links, aggregation, ahead and kinds == {"sharded"})
     folding = fold_delta_s(choices, fold) if folds(choices, fold, forced) else 0.0
     return moved + sum(fixed.get(r, 0.0) for r in kinds) + folding
 
 
-def fixed_costs(links: Links, aggregation: bool = False) -> Dict[str, float]:
+def fixed_costs(links: Links, aggregation: bool = False,
+                ahead: bool = False) -> Dict[str, float]:
     """Seconds a kind of route adds to a step once any variable takes it (sequential
     exchanges; local aggregation one more on the servers' route, three more all-to-alls
-    within the host on the sharded rows'); the allreduce route
+    within the host on the sharded rows'; `ahead`, the ids a step ahead, one fewer on the
+    sharded rows' unless the hosts aggregate, which turns it off); the allreduce route
     joins the dense gradients' allreduce."""
+    sharded = SHARDED_EXCHANGES_AHEAD if ahead and not aggregation else \
+        SHARDED_EXCHANGES + SHARDED_HOST_EXCHANGES * aggregation
     return {"ps": (PS_ROUND_TRIPS + aggregation) * links.latency_s,
             "allgather": links.latency_s,
-            "sharded": (SHARDED_EXCHANGES + SHARDED_HOST_EXCHANGES * aggregation)
-            * links.alltoall_s}
+            "sharded": sharded * links.alltoall_s}
 
 
 def fold_seconds(dense_bytes: float, n: int, links: Links, forced: bool = False) -> float:
@@ -475,7 +490,8 @@ _FIXED_WHY = {"ps": "their protocol's exchanges",
 
 
 def decide_aggregation(saved_bytes: float, links: Links, servers: bool = True,
-                       sharded: bool = False, parts: int = 0) -> Aggregation:
+                       sharded: bool = False, parts: int = 0,
+                       ahead: bool = False) -> Aggregation:
     """Local aggregation pays when the bytes it keeps off a host's link take longer there
     than the exchanges it adds.
 
@@ -485,17 +501,18 @@ def decide_aggregation(saved_bytes: float, links: Links, servers: bool = True,
     servers' route (push to the host's PS, then the host's sum forwarded), plus
     `AGGREGATED_PART_EXCHANGES` for each of the `parts` the servers hold, and three
     all-to-alls on route "sharded" (ids, rows and row gradients through a worker of the
-    host).
+    host), one more where it turns the ids a step ahead off (`ahead`).
     """
     saving = 2.0 * saved_bytes * links.per_byte_s
     forwards = servers * parts * AGGREGATED_PART_EXCHANGES
-    cost_s = (servers + forwards) * links.latency_s \
-        + sharded * SHARDED_HOST_EXCHANGES * links.alltoall_s
+    more = SHARDED_HOST_EXCHANGES + (SHARDED_EXCHANGES - SHARDED_EXCHANGES_AHEAD) * ahead
+    cost_s = (servers + forwards) * links.latency_s + sharded * more * links.alltoall_s
     on = saving > cost_s
     what = " and ".join(w for w, used in (
         ("one more exchange" + (f" and the forwarding of {parts} parts" if forwards else ""),
          servers),
-        (f"{SHARDED_HOST_EXCHANGES} more all-to-alls", sharded)) if used)
+        (f"{more} more all-to-alls" + (" (the ids a step ahead off)" if ahead else ""),
+         sharded)) if used)
     reason = (f"saves {saved_bytes:,.0f} bytes per host link per step "
               f"({1e3 * saving:.3f} ms) {'>' if on else '<='} {what} "
               f"({1e3 * cost_s:.3f} ms)")
