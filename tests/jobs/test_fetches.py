@@ -59,3 +59,26 @@ def test_fetches_equal_a_plain_session(tmp_path, tf1):
     # variable's assignment and whole reads) are no steps.
     state = tf.train.get_checkpoint_state(str(tmp_path / "SHARDED_checkpoints"))
     assert [p.rsplit("-", 1)[1] for p in state.all_model_checkpoint_paths] == ["1"]
+
+
+def test_a_users_initializer_and_load_leave_every_worker_with_one_model(tmp_path):
+    """After the runner exists, every worker runs the user's
+    global_variables_initializer() (unseeded: each draws its own values) and a
+    Variable.load of a value that differs per worker, as TF1 and Horovod scripts do: the
+    workers then hold worker 0's values, exactly, the variables on the parameter servers
+    and sharded ones included, and keep training one model. Before, each worker kept its
+    own draw of the replicated ones and trained on apart, and the others were not
+    re-initialised at all, silently."""
+    proc = horovodrun(2, os.path.join(WORKERS, "reinit.py"), str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    for mode in ("HYBRID", "AR", "SHARDED"):
+        ranks = [np.load(os.path.join(str(tmp_path), mode, f"rank{r}.npz")) for r in range(2)]
+        for key in ranks[0].files:
+            np.testing.assert_array_equal(ranks[1][key], ranks[0][key], err_msg=f"{mode} {key}")
+        ours = ranks[0]
+        for name in ("w", "emb", "emb/Adagrad"):  # re-initialised, wherever it is kept
+            assert not np.allclose(ours[f"init/{name}"], ours[f"trained/{name}"]), (mode, name)
+        assert int(ours["init/global_step"]) == 0 and int(ours["final/global_step"]) == 2
+        np.testing.assert_array_equal(ours["loaded/w"], np.full([4, 1], 1.0))  # worker 0's
+        np.testing.assert_array_equal(ours["loaded/emb"], np.full([20, 4], 2.0))
+        assert not np.allclose(ours["final/w"], ours["loaded/w"])  # and trained on

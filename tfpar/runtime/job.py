@@ -69,16 +69,21 @@ def session_config(user_config=None, host_gpus=()) -> "tf.compat.v1.ConfigProto"
     return config
 
 
+def broadcast_variables(graph: tf.Graph) -> list:
+    """The variables of `graph` every worker holds a copy of, which the start-up broadcast
+    sets to worker 0's values. Not the traffic counters nor the stage markers: each worker
+    counts its own bytes and steps, and the chief's markers are not the others' (a
+    restore's broadcast would otherwise give every worker the chief's counts)."""
+    return [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+            if not v.op.name.startswith((traffic.SCOPE, stages.SCOPE))]
+
+
 def broadcast_op(graph: tf.Graph, root_rank: int = 0):
     """An op that sets every variable of `graph` to its value on `root_rank`."""
     hvd = horovod()
     with graph.as_default():
-        # Not the traffic counters nor the stage markers: each worker counts its own bytes
-        # and steps, and the chief's markers are not the others' (a restore's
-        # broadcast would otherwise give every worker the chief's counts).
-        variables = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-                     + graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
-                     if not v.op.name.startswith((traffic.SCOPE, stages.SCOPE))]
+        variables = broadcast_variables(graph)
         with tf.compat.v1.name_scope("tfpar/broadcast"):
             if hvd.size() == 1 or not variables:
                 return tf.no_op()
