@@ -124,6 +124,29 @@ def test_config_errors(built):
     assert tfpar.Config(run_mode="ar").run_mode == "AR"
 
 
+@pytest.mark.parametrize("route", ["ps", "sharded"])
+def test_the_users_initializer_and_load_reach_a_variable_on_the_servers_or_sharded(route):
+    """The rewrite keeps an unread copy of such a variable; its initialiser (and
+    Variable.load) writes that copy, and tfpar then sets the variable from it."""
+    g = tf.Graph()
+    with g.as_default():
+        ids = tf1.placeholder(tf.int64, [None])
+        emb = tf1.get_variable("emb", [6, 2], initializer=tf1.constant_initializer(0.5))
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ids) ** 2)
+        train = tf1.train.AdagradOptimizer(0.1).minimize(loss)
+        init = tf1.global_variables_initializer()
+        slot, = [v for v in tf1.global_variables() if v.op.name == "emb/Adagrad"]
+    with tfpar.get_runner(g, config=tfpar.Config(sparse_route=route)) as runner:
+        assert runner.plan.variable("emb").route == route
+        runner.run(train, {ids: [0, 1, 1]})
+        assert not np.allclose(runner.run(emb), 0.5)
+        runner.run(init)
+        np.testing.assert_array_equal(runner.run(emb), np.full([6, 2], 0.5))
+        np.testing.assert_array_equal(runner.run(slot), np.full([6, 2], 0.1, np.float32))
+        emb.load(np.arange(12.0).reshape(6, 2), runner.user_session)
+        np.testing.assert_array_equal(runner.run(emb), np.arange(12.0).reshape(6, 2))
+
+
 def test_graph_without_update_ops():
     g = tf.Graph()
     with g.as_default():
