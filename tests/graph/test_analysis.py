@@ -169,6 +169,23 @@ def test_no_update_ops_is_an_error():
         analyse(g)
 
 
+def test_gradients_accumulated_in_variables_are_refused_naming_them():
+    """compute_gradients into accumulators over several runs, then apply_gradients of
+    their values: each worker would apply its own sum, so it is refused with the fix."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3])
+        w = tf1.get_variable("w", [3, 1])
+        opt = tf1.train.GradientDescentOptimizer(0.1)
+        (grad, _), = opt.compute_gradients(tf.reduce_mean(tf.matmul(x, w)), [w])
+        accum = tf1.Variable(tf.zeros([3, 1]), trainable=False, name="accum")
+        accum.assign_add(grad)
+        opt.apply_gradients([(accum, w)])
+    with pytest.raises(tfpar.NotYetSupportedError,
+                       match="updates 'w' from the value of 'accum'.*in one run"):
+        analyse(g)
+
+
 def test_unknown_update_op_is_named():
     g = tf.Graph()
     with g.as_default():

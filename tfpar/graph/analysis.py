@@ -317,6 +317,14 @@ class _Analyser:
                 **(self._reads(op, updates, step_ops)
                    if any(u.gradient.kind == "sparse" for u in updates) else {})))
         if not any(v.role == "trained" for v in result) and not blockers:
+            accumulated = self._applied_from_variables()
+            if accumulated:
+                raise NotYetSupportedError(
+                    f"{accumulated}: tfpar distributes an update whose gradient tf.gradients "
+                    "computes in the step itself; gradients accumulated in variables over "
+                    "several runs are not supported yet (each worker would apply its own "
+                    "sum). Train on the larger batch in one run instead (compute_gradients "
+                    "then apply_gradients, or minimize())")
             raise TfparError(
                 "the graph has no optimizer update ops (no variable is written from a gradient): "
                 "build the training step with an optimizer's minimize() or apply_gradients() "
@@ -517,6 +525,21 @@ class _Analyser:
             self._library = {f.signature.name: f
                              for f in self.graph.as_graph_def().library.function}
         return self._library
+
+    def _applied_from_variables(self) -> str:
+        """Optimizer updates whose gradient comes from other variables' values, not from
+        tf.gradients (gradients accumulated over runs), named; "" if none."""
+        found = []
+        for op in self.ops:
+            if op.type not in _APPLY_WRITES and op.type[len("Resource"):] not in _APPLY_WRITES:
+                continue
+            n = WRITES[op.type]
+            sources = sorted({x.name for t in op.inputs[n:] for x in row_reads.upstream([t.op])
+                              if x.type in VARIABLE_OP_TYPES})
+            if sources:
+                found.append(f"{op.name} updates {op.inputs[0].op.name!r} from the value of "
+                             + ", ".join(repr(x) for x in sources))
+        return "; ".join(found)
 
     def _updates(self, var_op, writers) -> Tuple[Update, ...]:
         groups: Dict[str, List[tf.Operation]] = {}
