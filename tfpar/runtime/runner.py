@@ -9,7 +9,7 @@ import os
 import re
 import threading
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -22,6 +22,7 @@ from tfpar.plan.config import Config
 from tfpar.errors import raise_blockers, TfparError, summary
 from tfpar.plan import Plan
 from tfpar.runtime.measure import measure
+from tfpar.runtime.reinitialise import Reinitialiser
 from tfpar.plan.measurements import Measurements
 from tfpar.plan.planner import auto_tiles, make_plan, route_trials
 from tfpar.plan.routing import RouteTrial, fastest_trial
@@ -320,16 +321,14 @@ class Runner:
         self._is_step_cache: Dict[tuple, bool] = {}
         self._waits_cache: Dict[tuple, bool] = {}
         self._signatures: Dict[tuple, str] = {}  # (see _collectives)
-        # Re-initialisation by the user (`_reinitialised`): the replicated variables (those
-        # the start-up broadcast sets: not tiles, counters or markers) by name.
-        self._replicated = {v.op.name: v for v in job.broadcast_variables(graph)}
-        self._initializers: Optional[Dict[str, str]] = None  # (built on first use)
-        self._reinits: Dict[tuple, Tuple[str, ...]] = {}
-        self._broadcasts: Dict[tuple, tf.Operation] = {}
-        self._copy_reads: Dict[str, tf.Tensor] = {}
         self._broadcast = broadcast
         self._entries = tuple(entries)
         self._assigner = assigner
+        # The user's runs of initialisers (replicated variables: those the start-up
+        # broadcast sets, not tiles, counters or markers).
+        self._reinitialise = Reinitialiser(
+            session, graph, self._entries, assigner,
+            {v.op.name: v for v in job.broadcast_variables(graph)}, worker_id, num_workers)
         self._session_view = None
         self._trial = trial
         self._ps = ps
@@ -550,11 +549,9 @@ class Runner:
                     "tensor; feed an input of your own (a placeholder) or leave ids_ahead "
                     "False")
         step = self._is_step(mapped)
-        # A run of initialisers (the user's global_variables_initializer(), a
-        # Variable.load) sets each worker's copy of those variables, or a copy that
-        # nothing reads (of a variable on the servers or split over the workers), on its
-        # own: `_reinitialise` then gives every worker the chief's values, as one model.
-        reinit = self._reinitialised(mapped)
+        # A run of initialisers (global_variables_initializer(), Variable.load) is followed
+        # by setting every worker's variables to the chief's (tfpar.runtime.reinitialise).
+        reinit = self._reinitialise.reached(_fetched_ops(mapped))
         if self._liveness is None or not (reinit or self._waits(mapped)):
             out = self._execute(mapped, feeds, options, run_metadata)
             if reinit:
@@ -624,73 +621,6 @@ class Runner:
         return self._session.run((mapped, self._advance), feed_dict=feeds, options=options,
                                  run_metadata=run_metadata)[0]
 
-    def _reinitialised(self, mapped) -> Tuple[str, ...]:
-        """The variables (of the single-device model) whose initialisers running `mapped`
-        runs: in the rewritten graph, a replicated variable's own, or that of the unread
-        copy the rewrite left of a variable on the servers or split over the workers."""
-        elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
-                    if isinstance(x, (tf.Tensor, tf.Operation))]
-        key = tuple(x.name for x in elements)
-        if key not in self._reinits:
-            if self._initializers is None:
-                self._initializers = self._initializers_of_entries()
-            self._reinits[key] = tuple(sorted({self._initializers[op.name]
-                                               for op in upstream(elements)
-                                               if op.name in self._initializers}))
-        return self._reinits[key]
-
-    def _initializers_of_entries(self) -> Dict[str, str]:
-        """{initialiser op name: its variable's name} for the model's variables (`Entry`),
-        each named `<variable>/Assign` as TensorFlow names them."""
-        out = {}
-        for e in self._entries:
-            try:
-                op = self._graph.get_operation_by_name(e.name + "/Assign")
-            except KeyError:
-                continue
-            if op.type in ("AssignVariableOp", "Assign") and op.inputs[0].op.name == e.name:
-                out[op.name] = e.name
-        return out
-
-    def _reinitialise(self, names: Tuple[str, ...]):
-        """After a run of the initialisers of `names` on every worker: the chief's values
-        of those not replicated (read from the copies its run wrote) go to their parts
-        and tiles, as a restore's do, and worker 0's replicated ones are broadcast. A
-        collective: every worker makes the same run."""
-        by_name = {e.name: e for e in self._entries}
-        replicated = [n for n in names if n in self._replicated]
-        others = [by_name[n] for n in names if n not in self._replicated]
-        if others:
-            if self.is_chief:
-                values = self._session.run([self._copy_read(e.name) for e in others])
-                ops, feeds = self._assigner.assign_ops(others, values)
-            else:  # the tiles: each worker takes its tile of the chief's (a collective)
-                tiled = self._assigner.tiled(others)
-                ops, feeds = self._assigner.assign_ops(
-                    tiled, [np.zeros(e.shape, e.dtype) for e in tiled])
-            if ops:
-                self._session.run(ops, feeds)
-        if replicated and self._num_workers > 1:
-            key = tuple(replicated)
-            if key not in self._broadcasts:
-                with self._graph.as_default(), tf.compat.v1.name_scope(
-                        f"tfpar/reinitialised_{len(self._broadcasts)}"):
-                    self._broadcasts[key] = job.horovod().broadcast_variables(
-                        [self._replicated[n] for n in replicated], 0)
-            self._session.run(self._broadcasts[key])
-        if others and self._num_workers > 1:  # no worker reads a part before the chief set it
-            job.allgather_strings("reinitialised")
-
-    def _copy_read(self, name: str) -> tf.Tensor:
-        """A read of the copy of variable `name` that its initialiser writes."""
-        if name not in self._copy_reads:
-            handle = self._graph.get_operation_by_name(name).outputs[0]
-            with self._graph.as_default(), tf.compat.v1.name_scope("tfpar/reinitialised/"):
-                self._copy_reads[name] = tf.raw_ops.ReadVariableOp(
-                    resource=handle, dtype=handle.op.get_attr("dtype")) \
-                    if handle.dtype == tf.resource else tf.identity(handle)
-        return self._copy_reads[name]
-
     def _consumes(self, mapped) -> bool:
         """Whether running `mapped` reads the staged batch (it trains on it)."""
         return _reaches(mapped, self._ahead_reads, self._consumes_cache)
@@ -713,8 +643,7 @@ class Runner:
         the run waits for), as a signature that the same run has on every worker ("":
         none), and the user's `fetches` named, for the liveness hub to compare runs across
         workers."""
-        elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
-                    if isinstance(x, (tf.Tensor, tf.Operation))]
+        elements = _fetched_ops(mapped)
         key = tuple(x.name for x in elements) + (extra,)
         if key not in self._signatures:
             names = sorted(op.name for op in upstream(elements) if op.type.startswith("Horovod"))
@@ -910,11 +839,16 @@ _RESTORE_OP = re.compile(r"(^|/)save(_\d+)?/restore_all$")
 _SAVE_OP = re.compile(r"(^|/)save(_\d+)?/control_dependency(_\d+)?$")
 
 
+def _fetched_ops(mapped) -> List[tf.Operation]:
+    """The ops a run of the fetches `mapped` (of the rewritten graph) asks for."""
+    return [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
+            if isinstance(x, (tf.Tensor, tf.Operation))]
+
+
 def _reaches(mapped, names, cache: Dict[tuple, bool]) -> bool:
     """Whether running the fetches `mapped` runs an op named in `names` (data and control
     inputs); remembered in `cache` by the fetches' names."""
-    elements = [x.op if isinstance(x, tf.Tensor) else x for x in tf.nest.flatten(mapped)
-                if isinstance(x, (tf.Tensor, tf.Operation))]
+    elements = _fetched_ops(mapped)
     key = tuple(x.name for x in elements)
     if key not in cache:
         cache[key] = any(op.name in names for op in upstream(elements))
