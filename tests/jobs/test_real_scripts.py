@@ -147,3 +147,32 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
     assert f"cannot use '{blocker / 'lm'}' as a checkpoint folder: a file is in the way" \
         in proc.stdout, proc.stdout[-3000:]
     assert "step 0: loss" not in proc.stdout  # before training
+
+
+WORD2VEC = os.path.join(WORKERS, "word2vec.py")
+
+
+def test_horovods_word2vec_script_equals_single_device_in_every_mode(tmp_path):
+    """Horovod's tensorflow_word2vec.py with the README's changes (its `init.run()` kept:
+    unseeded initialisers, each worker draws its own, tfpar keeps worker 0's) trains as
+    one device does on the pairs of both workers, with the tables on the parameter
+    servers, allgathered (AR) and sharded; rtol 1e-5, atol 1e-6."""
+    out = str(tmp_path)
+    proc = horovodrun(2, WORD2VEC, out, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    ref = subprocess.run([sys.executable, WORD2VEC, out, "--single", "2"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    for mode in ("HYBRID", "AR", "SHARDED"):
+        single = np.load(os.path.join(out, mode, "single.npz"))
+        ranks = [np.load(os.path.join(out, mode, f"rank{r}.npz")) for r in range(2)]
+        for key in (k for k in ranks[0].files if k.startswith("init/")):
+            np.testing.assert_array_equal(ranks[1][key], ranks[0][key], err_msg=f"{mode} {key}")
+        for r, got in enumerate(ranks):
+            for key in single.files:
+                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{mode}: {key} on worker {r}")
+        moved = [k for k in single.files if k.startswith("final/")
+                 and not np.allclose(single[k], ranks[0]["init/" + k[len("final/"):]])]
+        assert {"final/emb", "final/nce_weights", "final/nce_biases"} <= set(moved), mode
