@@ -38,6 +38,32 @@ def test_runs_like_a_session(built):
         assert not np.allclose(runner.run(w1), before)
 
 
+def test_a_runs_collective_signature_is_left_out_where_tf1_control_flow_may_skip_some():
+    """The liveness hub compares the runs' signatures across workers: equal for the same
+    collectives, different for others, and none ("") where a TF1 cond or while frame may
+    skip a collective (a chief-only evaluation there is not a deadlock)."""
+    import horovod.tensorflow as hvd
+    from tfpar.runtime.runner import collective_signature
+    hvd.init()
+    g = tf.Graph()
+    was_v2 = tf1.control_flow_v2_enabled()
+    tf1.disable_control_flow_v2()
+    try:
+        with g.as_default():
+            x = tf.constant([1.0, 2.0])
+            a, b = hvd.allreduce(x, name="a"), hvd.allreduce(x * 2, name="b")
+            flag = tf1.placeholder(tf.bool, [])
+            maybe = tf1.cond(flag, lambda: hvd.allreduce(x * 3, name="c"), lambda: x)
+    finally:
+        if was_v2:
+            tf1.enable_control_flow_v2()
+    one = collective_signature([a.op])
+    assert one and one == collective_signature([a.op]) != collective_signature([a.op, b.op])
+    assert collective_signature([x.op]) == ""
+    assert collective_signature([a.op], "reinitialise w") != one
+    assert collective_signature([maybe.op, a.op]) == ""
+
+
 def test_make_callable_runs_like_a_sessions(built):
     """Session.make_callable (TF1 benchmarks' fast path): feeds in order, options
     accepted when asked, the fetch structure kept; on the runner and on the session hooks

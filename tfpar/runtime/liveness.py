@@ -429,10 +429,14 @@ class Liveness:
     def _check_runs(self, now: float) -> bool:
         """Hub: two workers whose runs of the same number take part in different collectives
         (a read of a split variable, or a step, on some workers only) wait for each other
-        for ever: once both have waited the liveness timeout, name the two runs."""
-        stuck = {r: s for r, s in self._states.items() if s.kind == "step"
+        for ever: once both have waited the liveness timeout in runs that differ, name the
+        two runs. (Runs whose collectives TF1 control flow may skip have no signature and
+        are not compared: `runner.collective_signature`.)"""
+        stuck = {r: s for r, s in self._states.items() if s.kind == "step" and s.run[0]
                  and now - s.since > self.timeout and not s.input_ended}
         for r, e in ((r, e) for r in sorted(stuck) for e in sorted(stuck) if r < e):
+            if stuck[r].run[0] == stuck[e].run[0]:
+                continue  # in the same run now: slow, not apart
             theirs = stuck[e].runs()
             for number, (signature, what) in sorted(stuck[r].runs().items()):
                 other = theirs.get(number)

@@ -646,10 +646,7 @@ class Runner:
         elements = _fetched_ops(mapped)
         key = tuple(x.name for x in elements) + (extra,)
         if key not in self._signatures:
-            names = sorted(op.name for op in upstream(elements) if op.type.startswith("Horovod"))
-            names += [extra] if extra else []
-            self._signatures[key] = hashlib.sha1("\n".join(names).encode()).hexdigest()[:12] \
-                if names else ""
+            self._signatures[key] = collective_signature(elements, extra)
         named = ", ".join(str(getattr(x, "name", x)) for x in tf.nest.flatten(fetches))
         return self._signatures[key], (named if len(named) <= 160 else named[:157] + "...")
 
@@ -837,6 +834,23 @@ class Runner:
 
 _RESTORE_OP = re.compile(r"(^|/)save(_\d+)?/restore_all$")
 _SAVE_OP = re.compile(r"(^|/)save(_\d+)?/control_dependency(_\d+)?$")
+
+
+# TF1 control flow: ops behind a Switch may not run, and ops in a while frame run any
+# number of times, so a run through them may take part in fewer collectives than it reads.
+_V1_CONTROL_FLOW = frozenset({"Switch", "RefSwitch", "Enter", "RefEnter"})
+
+
+def collective_signature(ops: Sequence[tf.Operation], extra: str = "") -> str:
+    """A short hash of the Horovod collectives a run of `ops` takes part in (and `extra`),
+    equal on every worker for the same run; "" when it has none, or when TF1 control flow
+    may skip some of them (then the liveness hub does not compare it)."""
+    reached = upstream(ops)
+    if any(op.type in _V1_CONTROL_FLOW for op in reached):
+        return ""
+    names = sorted(op.name for op in reached if op.type.startswith("Horovod"))
+    names += [extra] if extra else []
+    return hashlib.sha1("\n".join(names).encode()).hexdigest()[:12] if names else ""
 
 
 def _fetched_ops(mapped) -> List[tf.Operation]:
