@@ -169,9 +169,11 @@ def test_no_update_ops_is_an_error():
         analyse(g)
 
 
-def test_gradients_accumulated_in_variables_are_refused_naming_them():
-    """compute_gradients into accumulators over several runs, then apply_gradients of
-    their values: each worker would apply its own sum, so it is refused with the fix."""
+def test_gradients_accumulated_over_runs_are_the_updates_gradient():
+    """compute_gradients added into accumulators over several runs, then apply_gradients
+    of their values (scaled): the accumulator's read is the raw gradient tfpar allreduces
+    (or pushes), the scaling its post-processing; a variable that no gradient fills is
+    not an accumulator, and applying from it is refused naming it."""
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [None, 3])
@@ -180,9 +182,19 @@ def test_gradients_accumulated_in_variables_are_refused_naming_them():
         (grad, _), = opt.compute_gradients(tf.reduce_mean(tf.matmul(x, w)), [w])
         accum = tf1.Variable(tf.zeros([3, 1]), trainable=False, name="accum")
         accum.assign_add(grad)
-        opt.apply_gradients([(accum, w)])
-    with pytest.raises(tfpar.NotYetSupportedError,
-                       match="updates 'w' from the value of 'accum'.*in one run"):
+        opt.apply_gradients([(accum / 4.0, w)])
+    info = analyse(g).variable("w")
+    gradient = info.updates[0].gradient
+    assert gradient.kind == "dense" and gradient.post_processed
+    assert g.get_tensor_by_name(gradient.values).op.inputs[0].op.name == "accum"
+    assert analyse(g).variable("accum").role == "optimizer_state"
+
+    g = tf.Graph()
+    with g.as_default():
+        w = tf1.get_variable("w", [3, 1])
+        fake = tf1.Variable(tf.ones([3, 1]), trainable=False, name="fake")
+        tf1.train.GradientDescentOptimizer(0.1).apply_gradients([(fake.read_value(), w)])
+    with pytest.raises(tfpar.NotYetSupportedError, match="updates 'w' from the value of 'fake'"):
         analyse(g)
 
 

@@ -176,3 +176,31 @@ def test_horovods_word2vec_script_equals_single_device_in_every_mode(tmp_path):
         moved = [k for k in single.files if k.startswith("final/")
                  and not np.allclose(single[k], ranks[0]["init/" + k[len("final/"):]])]
         assert {"final/emb", "final/nce_weights", "final/nce_biases"} <= set(moved), mode
+
+
+ACCUMULATE = os.path.join(WORKERS, "accumulate.py")
+
+
+def test_gradients_accumulated_over_runs_equal_single_device_in_every_mode(tmp_path):
+    """A TF1 script's gradient accumulation (3 micro-batches per step added into
+    non-trainable variables, an embedding's gradient made dense, apply_gradients of the
+    accumulators over 3, Adam, a global step): every worker ends where one device does on
+    both workers' micro-batches together, in HYBRID, AR and PS; rtol 1e-5, atol 1e-6."""
+    out = str(tmp_path)
+    proc = horovodrun(2, ACCUMULATE, out, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    ref = subprocess.run([sys.executable, ACCUMULATE, out, "--single", "2"], env=env,
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    for mode in ("HYBRID", "AR", "PS"):
+        single = np.load(os.path.join(out, mode, "single.npz"))
+        for r in range(2):
+            got = np.load(os.path.join(out, mode, f"rank{r}.npz"))
+            for key in single.files:
+                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{mode}: {key} on worker {r}")
+        start = np.load(os.path.join(out, mode, "rank0.npz"))
+        assert int(single["final/global_step"]) == 3
+        for name in ("emb", "w1", "w2"):  # training moved them
+            assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)

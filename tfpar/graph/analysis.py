@@ -242,10 +242,45 @@ class _Analyser:
         self.ops = graph.get_operations()
         scope_re = re.compile(gradient_scope)
         self.region: Set[tf.Operation] = {op for op in self.ops if scope_re.search(op.name)}
-        self.after_grad = self._descendants(self.region)
         with graph.as_default():  # Variable.to_proto needs graph mode
             self.collection_vars = self._collection_variables()
+        # Gradients accumulated over runs: a read of an accumulator is a raw gradient.
+        self.region |= self._accumulator_reads()
+        self.after_grad = self._descendants(self.region)
         self._library = None
+
+    def _accumulator_reads(self) -> Set[tf.Operation]:
+        """The reads of gradient accumulators that an optimizer update takes its gradient
+        from: an accumulator is a variable that is not trained, that an `assign_add` fills
+        with values computed from tf.gradients (by data, over several runs), and whose
+        value an update op of a trained variable reads (data, not its written input). The
+        update then applies the accumulated sum, which tfpar allreduces as the gradient.
+        Only where that update reads no gradient of its own run (else it is not an
+        accumulation, and its gradient is found as usual)."""
+        from_gradients = reachable(self.region, lambda op: [c for t in op.outputs
+                                                             for c in t.consumers()])
+        reads: Set[tf.Operation] = set()
+        for var in (op for op in self.ops if op.type in VARIABLE_OP_TYPES
+                    and not self.collection_vars.get(op.name, (False, None))[0]):
+            handle = var.outputs[0]
+            filled = any(c.type in ("AssignAddVariableOp", "AssignAdd")
+                         and c.inputs[0] is handle and c.inputs[1].op in from_gradients
+                         for c in handle.consumers())
+            if not filled:
+                continue
+            read_type = "ReadVariableOp" if var.type == "VarHandleOp" else "Identity"
+            for read in (c for c in handle.consumers() if c.type == read_type):
+                # What the read's value flows into, up to the ops that write a variable.
+                flow = reachable([read], lambda op: [c for t in op.outputs for c in t.consumers()
+                                                     if c.type not in WRITES])
+                downstream = {c for op in flow for t in op.outputs for c in t.consumers()}
+                updates = [c for c in downstream if c.type in WRITES
+                           and c.type not in _GENERIC_WRITERS
+                           and any(t.op in flow for t in c.inputs[WRITES[c.type]:])]
+                inputs = [t.op for u in updates for t in u.inputs[WRITES[u.type]:]]
+                if updates and not row_reads.upstream(inputs) & self.region:
+                    reads.add(read)
+        return reads
 
     # -- graph helpers ---------------------------------------------------------------------
     def _descendants(self, roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
@@ -320,11 +355,12 @@ class _Analyser:
             accumulated = self._applied_from_variables()
             if accumulated:
                 raise NotYetSupportedError(
-                    f"{accumulated}: tfpar distributes an update whose gradient tf.gradients "
-                    "computes in the step itself; gradients accumulated in variables over "
-                    "several runs are not supported yet (each worker would apply its own "
-                    "sum). Train on the larger batch in one run instead (compute_gradients "
-                    "then apply_gradients, or minimize())")
+                    f"{accumulated}: tfpar distributes an update whose gradient comes from "
+                    "tf.gradients, in the step itself or accumulated over runs (a variable "
+                    "that is not trained, filled by assign_add of gradients); this one is "
+                    "neither, so each worker would apply its own value. Compute the "
+                    "gradient with tf.gradients (compute_gradients then apply_gradients, "
+                    "or minimize())")
             raise TfparError(
                 "the graph has no optimizer update ops (no variable is written from a gradient): "
                 "build the training step with an optimizer's minimize() or apply_gradients() "
@@ -527,8 +563,8 @@ class _Analyser:
         return self._library
 
     def _applied_from_variables(self) -> str:
-        """Optimizer updates whose gradient comes from other variables' values, not from
-        tf.gradients (gradients accumulated over runs), named; "" if none."""
+        """Optimizer updates whose gradient comes from other variables' values that no
+        gradient fills, not from tf.gradients, named; "" if none."""
         found = []
         for op in self.ops:
             if op.type not in _APPLY_WRITES and op.type[len("Resource"):] not in _APPLY_WRITES:

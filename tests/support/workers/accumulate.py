@@ -1,0 +1,98 @@
+"""Gradients accumulated over several runs, as TF1 scripts do for a batch larger than
+memory: `compute_gradients` of each micro-batch added into non-trainable accumulators
+(`assign_add`; an embedding's IndexedSlices made dense first), then `apply_gradients` of
+the accumulators, then the accumulators zeroed. Adam on an MLP with an embedding and
+a global step.
+
+usage: horovodrun -np N ... python accumulate.py OUT_DIR
+       python accumulate.py OUT_DIR --single N   (one device, the N workers' micro-batches
+                                                  together, from the job's initial values)
+Writes OUT_DIR/<mode>/rank<r>.npz or single.npz (init/<var>, final/<var>) for the modes
+HYBRID, AR and PS.
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf1 = tf.compat.v1
+MICRO, BATCH, STEPS, VOCAB = 3, 4, 3, 12
+MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"}, "PS": {"run_mode": "PS"}}
+
+
+def build():
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(3)
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        ids = tf1.placeholder(tf.int64, [None], name="ids")
+        y = tf1.placeholder(tf.float32, [None, 1], name="y")
+        emb = tf1.get_variable("emb", [VOCAB, 3])
+        w1 = tf1.get_variable("w1", [3, 4])
+        w2 = tf1.get_variable("w2", [4, 1])
+        h = tf.nn.relu(tf.matmul(x + tf.nn.embedding_lookup(emb, ids), w1))
+        loss = tf.reduce_mean(tf.square(tf.matmul(h, w2) - y))
+        step = tf1.train.get_or_create_global_step()
+        opt = tf1.train.AdamOptimizer(0.05)
+        grads = opt.compute_gradients(loss, [emb, w1, w2])
+        accums = [tf1.Variable(tf.zeros(v.shape), trainable=False, name=f"accum_{i}")
+                  for i, (_, v) in enumerate(grads)]
+        add = tf.group(*[a.assign_add(tf.convert_to_tensor(g)) for a, (g, _) in zip(accums, grads)])
+        zero = tf.group(*[a.assign(tf.zeros_like(a)) for a in accums])
+        apply = opt.apply_gradients([(a / MICRO, v) for a, (_, v) in zip(accums, grads)],
+                                    global_step=step)
+    return graph, dict(x=x, ids=ids, y=y, add=add, zero=zero, apply=apply)
+
+
+def data(step, micro, n):
+    rng = np.random.RandomState(10 * step + micro)
+    return (rng.rand(BATCH * n, 3).astype(np.float32),
+            rng.randint(0, VOCAB, size=BATCH * n).astype(np.int64),
+            rng.rand(BATCH * n, 1).astype(np.float32))
+
+
+def train(run, h, rank, n, width):
+    for step in range(STEPS):
+        run(h["zero"])
+        for micro in range(MICRO):
+            x, ids, y = data(step, micro, n)
+            mine = slice(rank * width, (rank + 1) * width)
+            run(h["add"], {h["x"]: x[mine], h["ids"]: ids[mine], h["y"]: y[mine]})
+        run(h["apply"])
+
+
+def main(out, single=None):
+    tf1.disable_eager_execution()
+    for mode, config in MODES.items():
+        graph, h = build()
+        variables = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+                     if not v.op.name.startswith("accum")]
+        names = [v.op.name for v in variables]
+        if single:
+            job = np.load(os.path.join(out, mode, "rank0.npz"))
+            with graph.as_default(), tf1.Session(graph=graph) as sess:
+                sess.run(tf1.global_variables_initializer())
+                for v in variables:
+                    v.load(job["init/" + v.op.name], sess)
+                train(lambda f, d=None: sess.run(f, d), h, 0, single, BATCH * single)
+                final = sess.run(variables)
+            np.savez(os.path.join(out, mode, "single.npz"),
+                     **{f"final/{k}": v for k, v in zip(names, final)})
+            continue
+        import tfpar
+        with tfpar.get_runner(graph, config=tfpar.Config(**config)) as runner:
+            init = runner.run(variables)
+            train(runner.run, h, runner.worker_id, runner.num_workers, BATCH)
+            final = runner.run(variables)
+            os.makedirs(os.path.join(out, mode), exist_ok=True)
+            np.savez(os.path.join(out, mode, f"rank{runner.worker_id}.npz"),
+                     **{f"init/{k}": v for k, v in zip(names, init)},
+                     **{f"final/{k}": v for k, v in zip(names, final)})
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    main(args[0], int(args[2]) if len(args) > 2 and args[1] == "--single" else None)
