@@ -154,7 +154,8 @@ def _lines(reader):
 class _State:
     """A worker's training-step state as the hub knows it."""
 
-    __slots__ = ("kind", "since", "steps", "input_ended", "stage", "run", "last")
+    __slots__ = ("kind", "since", "steps", "input_ended", "stage", "run", "last", "finished",
+                 "counted")
 
     def __init__(self, kind: str = "idle", since: float = 0.0, steps: int = 0):
         self.kind, self.since, self.steps = kind, since, steps
@@ -164,13 +165,15 @@ class _State:
         # what it fetches]; signature "": none): the runs of the same number must match.
         self.run = ["", ""]
         self.last = ["", ""]
+        self.finished = 0  # runs that waited for the others, done (`steps`: those counted)
+        self.counted = True  # whether the current run counts as a step
 
     def runs(self) -> Dict[int, List[str]]:
         """{number of a run that waits for the others: [signature, what]} it is in or ran
-        last (`steps` counts them)."""
-        out = {self.steps: self.last} if self.last[0] else {}
+        last (`finished` counts them)."""
+        out = {self.finished: self.last} if self.last[0] else {}
         if self.kind == "step" and self.run[0]:
-            out[self.steps + 1] = self.run
+            out[self.finished + 1] = self.run
         return out
 
 
@@ -261,13 +264,15 @@ class Liveness:
         m = self.members[rank]
         return f"worker {rank} (host {m['host']}, pid {m['pid']})"
 
-    def step_started(self, signature: str = "", what: str = ""):
+    def step_started(self, signature: str = "", what: str = "", counted: bool = True):
         """A run that waits for the other workers started; `signature`: its Horovod
         collectives' (equal on every worker for the same run; "" none), `what`: its
-        fetches, to name it."""
+        fetches, to name it; `counted`: it counts as a step (not a re-initialisation
+        alone, which would take the first step out of `first_step_deadline`)."""
         self._mine.input_ended = False
         self._mine.stage = "a training step"
         self._mine.run = [signature, what]
+        self._mine.counted = counted
         self._set_state("step")
 
     def stage(self, text: str):
@@ -283,7 +288,8 @@ class Liveness:
     def step_finished(self, input_ended: bool = False):
         """A training step ended; `input_ended`: it raised OutOfRangeError (input exhausted)."""
         if self._mine.kind == "step" and not input_ended:
-            self._mine.steps += 1
+            self._mine.steps += self._mine.counted
+            self._mine.finished += 1
             self._mine.last = self._mine.run
         self._mine.input_ended = input_ended
         self._mine.stage = ""
@@ -352,6 +358,7 @@ class Liveness:
                 state = self._states[rank]
                 state.kind, state.steps, state.stage = kind, int(steps), rest.get("stage", "")
                 state.run, state.last = rest.get("run", ["", ""]), rest.get("last", ["", ""])
+                state.finished = rest.get("finished", state.steps)
                 state.since = time.monotonic() - float(age)
             elif cmd == "BYE":
                 steps, ended = (text.split() + ["0", "0"])[:2]
@@ -511,7 +518,8 @@ class Liveness:
                 s = self._mine
                 self._send(self._link, f"PING {s.kind} {s.steps} "
                                        f"{time.monotonic() - s.since:.3f} " + json.dumps(
-                                           {"stage": s.stage, "run": s.run, "last": s.last}))
+                                           {"stage": s.stage, "run": s.run, "last": s.last,
+                                            "finished": s.finished}))
             time.sleep(self.interval())
 
     def _probing(self):

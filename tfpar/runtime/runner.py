@@ -558,7 +558,8 @@ class Runner:
                 self._reinitialise(reinit)
         else:
             self._liveness.step_started(*self._collectives(
-                mapped, fetches, "reinitialise " + " ".join(reinit) if reinit else ""))
+                mapped, fetches, "reinitialise " + " ".join(reinit) if reinit else ""),
+                counted=self._waits(mapped))
             ended = False
             try:
                 out = self._execute(mapped, feeds, options, run_metadata)

@@ -11,8 +11,10 @@ Cases (liveness timeout 5 s):
   even_dataset: both ranks have 6 batches: must end cleanly, exit 0.
   stuck_ps_read: rank 0 stops (SIGSTOP) the job's parameter server before the first step,
     so every PS read waits (first step deadline 20 s, liveness timeout 60 s).
-  stuck_collective: rank 1 spends 60 s in its own code before its first step, so rank 0
-    waits in the step's allreduce (first step deadline 20 s, liveness timeout 60 s).
+  stuck_collective: both ranks run the user's global_variables_initializer() (a
+    collective through tfpar, not a step), then rank 1 spends 60 s in its own code before
+    its first step, so rank 0 waits in the step's allreduce (first step deadline 20 s,
+    liveness timeout 60 s).
   chief_only_read: the embedding is sharded (HYBRID only) and rank 0 alone reads its sum
     (a collective) before step 3, as a chief-only evaluation or summary would.
 """
@@ -52,6 +54,7 @@ with graph.as_default():
     loss = tf.reduce_mean(tf.matmul(x + tf.nn.embedding_lookup(emb, ids), w) ** 2)
     train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
     emb_sum = tf.reduce_sum(emb)
+    init = tf.compat.v1.global_variables_initializer()
 
 if case == "one_rank" and rank == 1:
     time.sleep(60)
@@ -61,8 +64,10 @@ print(f"rank {rank}: runner ready", flush=True)
 if case == "stuck_ps_read" and rank == 0:
     from tfpar.runtime import cluster
     os.kill(cluster.current().ps_pid, signal.SIGSTOP)
-if case == "stuck_collective" and rank == 1:
-    time.sleep(60)
+if case == "stuck_collective":
+    runner.run(init)  # a re-initialisation: the first step is still the first
+    if rank == 1:
+        time.sleep(60)
 steps = 0
 if case in ("uneven_dataset", "even_dataset"):
     while True:
