@@ -215,3 +215,27 @@ def test_table_lists_every_variable():
     table = a.table()
     for v in a.variables:
         assert v.name in table
+
+
+def test_rows_made_dense_by_their_ids_are_exact_post_processing():
+    """An optimizer that densifies a sparse gradient (tf.convert_to_tensor of the
+    IndexedSlices: an UnsortedSegmentSum by its ids, as BERT's AdamWeightDecayOptimizer's
+    arithmetic does) post-processes the rows linearly: nothing inexact, no row sum; a
+    global-norm clip before it still sums the rows; a segment sum by other ids is inexact."""
+    def graph(clip=False, other_ids=False):
+        g = tf.Graph()
+        with g.as_default():
+            emb = tf.compat.v1.get_variable("emb", [10, 3], use_resource=True)
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2, 2]))
+            grad, = tf.gradients(loss, [emb])
+            if clip:
+                (grad,), _ = tf.clip_by_global_norm([grad], 1.0)
+            dense = (tf.math.unsorted_segment_sum(grad.values, grad.indices[::-1], 10)
+                     if other_ids else tf.convert_to_tensor(grad))
+            emb.assign_sub(0.1 * dense)
+        return analyse(g).variable("emb").updates[0].gradient
+
+    g = graph()
+    assert g.kind == "sparse" and g.inexact is None and g.row_sums == ()
+    assert graph(clip=True).row_sums == ("global_norm/L2Loss:0",)
+    assert "UnsortedSegmentSum" in graph(other_ids=True).inexact

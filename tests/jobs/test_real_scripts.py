@@ -204,3 +204,37 @@ def test_gradients_accumulated_over_runs_equal_single_device_in_every_mode(tmp_p
         assert int(single["final/global_step"]) == 3
         for name in ("emb", "w1", "w2"):  # training moved them
             assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
+
+
+BERT = os.path.join(WORKERS, "bert_optimizer.py")
+
+
+def test_berts_adam_weight_decay_equals_single_device_in_every_mode(tmp_path):
+    """Google BERT's training step (its AdamWeightDecayOptimizer built from assigns, the
+    warm-up and polynomial decay, global-norm clipping, the global step incremented by
+    hand): the word embeddings' gradient is sparse but their update dense, so they take
+    the allgather under the default routes and `sparse_route="sharded"` (the allreduce
+    without the clipping), and every worker ends where one device does on both workers'
+    batches; HYBRID, sharded, AR; rtol 1e-5, atol 1e-6."""
+    out = str(tmp_path)
+    proc = horovodrun(2, BERT, out, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    ref = subprocess.run([sys.executable, BERT, out, "--single", "2"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    routes = {"HYBRID": "allgather", "SHARDED": "allgather", "AR": "allgather",
+              "UNCLIPPED": "allreduce"}
+    for mode, route in routes.items():
+        single = np.load(os.path.join(out, mode, "single.npz"))
+        for r in range(2):
+            got = np.load(os.path.join(out, mode, f"rank{r}.npz"))
+            assert str(got["route"]) == route, (mode, str(got["route"]))
+            for key in single.files:
+                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{mode}: {key} on worker {r}")
+        start = np.load(os.path.join(out, mode, "rank0.npz"))
+        assert int(single["final/global_step"]) == 4
+        for name in ("bert/embeddings/word_embeddings", "output_weights",
+                     "bert/embeddings/word_embeddings/adam_v"):
+            assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)

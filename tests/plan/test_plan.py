@@ -167,18 +167,46 @@ def test_reference_variables_and_post_processed_gradients_go_to_the_ps():
     assert g.row_sums == ("global_norm/L2Loss:0",)  # summed over workers for the norm
 
 
-def test_sparse_variable_without_a_sparse_apply_is_an_error():
+def _densified(clip=False):
+    """An embedding whose IndexedSlices gradient the user densifies (Adam then applies a
+    dense update, as Google BERT's AdamWeightDecayOptimizer does with its arithmetic);
+    clip: clipped by global norm first (a sum over the rows: no dense allreduce)."""
     g = tf.Graph()
     with g.as_default():
         emb = tf1.get_variable("emb", [10, 3], use_resource=True)
         loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2, 2]))
         (grad, var), = tf1.train.AdamOptimizer(0.1).compute_gradients(loss)
-        # The user densifies the IndexedSlices: Adam then applies a dense update.
+        if clip:
+            (grad,), _ = tf.clip_by_global_norm([grad], 1.0)
         tf1.train.AdamOptimizer(0.1).apply_gradients([(tf.convert_to_tensor(grad), var)])
-    a = analyse(g)
+    return analyse(g)
+
+
+def test_a_sparse_variable_with_a_dense_update_takes_a_replicated_route():
+    """The servers and sharded rows apply sparse updates only: a sparse variable whose
+    optimizer densifies its rows goes to the dense allreduce (the allgather where a sum
+    over its rows makes that inexact) under the global routes, with a note; a route set
+    for it by name, or PS mode, is refused with the fix."""
+    layout = parse_resources("localhost:2")
+    a = _densified()
     assert a.variable("emb").kind == "sparse"
-    with pytest.raises(tfpar.TfparError, match="has no sparse apply"):
-        make_plan(a, tfpar.Config(), parse_resources("localhost:2"))
+    for route in ("ps", "sharded"):
+        plan = make_plan(a, tfpar.Config(sparse_route=route), layout)
+        assert plan.variable("emb").route == "allreduce", route
+        assert any(n.startswith("emb: allreduce, as its optimizer's update is dense")
+                   for n in plan.notes)
+    assert make_plan(_densified(clip=True), tfpar.Config(), layout).variable(
+        "emb").route == "allgather"
+    with pytest.raises(tfpar.TfparError, match="has no sparse apply.*'allreduce' or "
+                                               "'allgather'"):
+        make_plan(a, tfpar.Config(sparse_route={"emb": "ps"}), layout)
+    with pytest.raises(tfpar.TfparError, match="has no sparse apply.*run_mode 'HYBRID'"):
+        make_plan(a, tfpar.Config(run_mode="PS"), layout)
+    # density routing never prices the servers or sharded rows for it
+    from tfpar.plan import routing
+    allowed = routing.allowed_routes(routing.Candidate("emb", 10, 12, 0.3, ps_route=False,
+                                                       sharded_route=False), 2)
+    assert set(allowed) == {"allreduce", "allgather"}
 
 
 def test_sum_semantics_in_plan():
@@ -276,7 +304,7 @@ def test_sharded_route_refusals():
         (grad, var), = tf1.train.AdamOptimizer(0.1).compute_gradients(loss)
         tf1.train.AdamOptimizer(0.1).apply_gradients([(tf.convert_to_tensor(grad), var)])
     with pytest.raises(tfpar.TfparError, match="route 'sharded' would write every row"):
-        make_plan(analyse(g), tfpar.Config(sparse_route="sharded"),
+        make_plan(analyse(g), tfpar.Config(sparse_route={"emb": "sharded"}),
                   parse_resources("localhost:2"))
     graph, _ = models.build(sparse=True, optimizer="sgd", batch=8)
     with pytest.raises(tfpar.TfparError, match="cannot shard 'emb'"):

@@ -519,6 +519,12 @@ class _Analyser:
             for c in t.consumers():
                 if c in update_ops or c not in self.after_grad:
                     continue
+                if c.type == "UnsortedSegmentSum" and c.inputs[0] is t and \
+                        _passes_to(c.inputs[1], indices):
+                    # The rows made dense by their ids (tf.convert_to_tensor of the
+                    # IndexedSlices, as an optimizer's arithmetic does): linear in them, and
+                    # what follows is dense, the same from rows summed by id first.
+                    continue
                 if c.type in _ROW_SUMS and self._sums_rows(c, t):
                     sums.append(c.outputs[0].name)
                     continue
@@ -681,6 +687,13 @@ def _linear_in_rows(op: tf.Operation, rows) -> bool:
         return all(from_rows)
     return False
 _INDEX_PASS = frozenset({"Identity", "Cast"})
+
+
+def _passes_to(t: tf.Tensor, source: tf.Tensor) -> bool:
+    """Whether `t` is `source` passed on unchanged (identities and casts)."""
+    while t is not source and t.op.type in _INDEX_PASS:
+        t = t.op.inputs[0]
+    return t is source
 
 
 def _entry(entries: Sequence[tf.Tensor], fits, raw: tf.Tensor) -> tf.Tensor:

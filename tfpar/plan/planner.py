@@ -330,6 +330,7 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
                                            layout.num_workers)
             else (sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
             sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
+            ps_route=_dense_update(v) is None,
             aggregation_s=saving, parts=min(_part_count(v, config, requested, hosts),
                                             max(v.shape[0], 1))))
     return tuple(candidates), aggregating
@@ -474,6 +475,16 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
         if wanted == "allreduce" and problem:
             raise TfparError(f"Config.sparse_route sends {v.name!r} to allreduce, but {problem}; "
                              "route it to 'ps' or 'allgather'")
+        dense_update = _dense_update(v)
+        if dense_update and v.name not in forced and wanted in ("ps", "sharded", None) and \
+                (wanted or density is None or v.name not in density.choices):
+            # The servers and the owners apply sparse updates only; a replicated route
+            # runs the user's dense update as it is (Google BERT's AdamWeightDecay).
+            routes[v.name] = "allgather" if problem else "allreduce"
+            notes.append(f"{v.name}: {routes[v.name]}, as its optimizer's update is dense "
+                         f"({dense_update}): the parameter servers and sharded rows apply "
+                         "sparse updates only")
+            continue
         if wanted is not None:
             routes[v.name] = wanted
         elif density is not None and v.name in density.choices:
@@ -495,6 +506,15 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
                          f"over {density.steps} step(s) per worker")
         notes.extend(routing.describe(name, c) for name, c in sorted(density.choices.items()))
     return routes
+
+
+def _dense_update(v: VariableInfo) -> Optional[str]:
+    """The op types of a sparse variable's first update that is dense (no sparse apply or
+    scatter: the optimizer densifies the rows), or None where every update is sparse."""
+    for u in v.updates:
+        if not any(t.startswith(_SPARSE_WRITERS_PREFIXES) for t in u.op_types):
+            return ", ".join(u.op_types)
+    return None
 
 
 def _dense_route_problem(v: VariableInfo) -> Optional[str]:
@@ -589,9 +609,9 @@ def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
     """Why route "sharded" cannot take `v` (None: it can). The rewrite refuses the same."""
     if not v.shape or v.shape[0] is None or v.shape[0] < n:
         return "it needs a static number of rows, at least one a worker"
+    if _dense_update(v):
+        return "its optimizer's update is dense"
     for u in v.updates:
-        if not any(t.startswith(_SPARSE_WRITERS_PREFIXES) for t in u.op_types):
-            return "its optimizer's update is dense"
         if u.gradient.inexact:
             return u.gradient.inexact
     if v.other_reads:
@@ -602,13 +622,14 @@ def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
 
 
 def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePlan:
+    dense_update = _dense_update(v)
+    if dense_update:
+        raise TfparError(
+            f"sparse variable {v.name!r} is updated by {dense_update}, a dense update: its "
+            "optimizer has no sparse apply, so route 'sharded' would write every row each "
+            "step. Use an optimizer with a sparse update, or route it to 'allreduce' or "
+            "'allgather' (or leave its route to tfpar)")
     for u in v.updates:
-        if not any(t.startswith(_SPARSE_WRITERS_PREFIXES) for t in u.op_types):
-            raise TfparError(
-                f"sparse variable {v.name!r} is updated by {', '.join(u.op_types)}, a dense "
-                "update: its optimizer has no sparse apply, so route 'sharded' would write "
-                "every row each step. Use an optimizer with a sparse update, or another "
-                "sparse_route")
         if u.gradient.inexact:
             raise NotYetSupportedError(u.gradient.inexact)
     if not v.shape or v.shape[0] is None or v.shape[0] < n:
@@ -626,14 +647,17 @@ def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePla
 
 
 def _ps_plan(v: VariableInfo, config: Config, n: int, parts) -> VariablePlan:
+    dense_update = _dense_update(v) if v.kind == "sparse" else None
+    if dense_update:
+        raise TfparError(
+            f"sparse variable {v.name!r} is updated by {dense_update}, a dense update: its "
+            "optimizer has no sparse apply, so the parameter servers would write every row "
+            "each step. Use an optimizer with a sparse update (GradientDescent, Momentum, "
+            "Adagrad, Adam), or " + (
+                "route it to 'allreduce' or 'allgather' (or leave its route to tfpar)"
+                if config.run_mode == "HYBRID" else
+                "run_mode 'HYBRID' (which allreduces or allgathers it) or 'AR'"))
     for u in v.updates:
-        if v.kind == "sparse" and not any(t.startswith(_SPARSE_WRITERS_PREFIXES)
-                                          for t in u.op_types):
-            raise TfparError(
-                f"sparse variable {v.name!r} is updated by {', '.join(u.op_types)}, a dense "
-                "update: its optimizer has no sparse apply, so every row would be written each "
-                "step. Use an optimizer with a sparse update (GradientDescent, Momentum, "
-                "Adagrad, Adam) or tfpar.Config(run_mode='AR')")
         if u.gradient.inexact:
             raise NotYetSupportedError(u.gradient.inexact)
     grads = _gradients(v)

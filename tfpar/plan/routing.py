@@ -132,7 +132,8 @@ class Candidate:
     rows per gradient, what it sends when it can); dense_route: False
     when the dense allreduce cannot be exact for it (a sum over its gradient's rows);
     sharded_route: False when route "sharded" cannot take it (fewer rows than workers, a
-    dense update, a read of the whole variable).
+    dense update, a read of the whole variable); ps_route: False when the parameter
+    servers cannot (a dense update).
     """
 
     name: str
@@ -143,6 +144,7 @@ class Candidate:
     sent_rows: Optional[float] = None
     dense_route: bool = True
     sharded_route: bool = True
+    ps_route: bool = True
     # What local aggregation spares it on the servers' and the sharded routes: seconds per step
     # its host-shared rows (the rows the workers of a host touch in common) would take on
     # a host link (`aggregation_saving_s`; 0: no aggregation).
@@ -288,6 +290,7 @@ def sharded_bytes(c: Candidate, n: int) -> float:
 def allowed_routes(c: Candidate, n: int) -> Tuple[str, ...]:
     """The routes `c` can take exactly on n workers, in the order ties go."""
     return tuple(r for r in _ORDER if (r != "allreduce" or c.dense_route)
+                 and (r != "ps" or c.ps_route)
                  and (r != "sharded" or (c.sharded_route and c.rows >= n)))
 
 
