@@ -22,7 +22,8 @@ elif case == "sparse_apply":
         loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2, 2]))
         (grad, var), = tf.compat.v1.train.AdamOptimizer(0.1).compute_gradients(loss)
         tf.compat.v1.train.AdamOptimizer(0.1).apply_gradients([(tf.convert_to_tensor(grad), var)])
-    tfpar.get_runner(graph)
+    # routed by name to the servers, which apply sparse updates only
+    tfpar.get_runner(graph, config=tfpar.Config(sparse_route={"emb": "ps"}))
 elif case == "more_hosts":
     graph, _ = models.build(sparse=True)
     tfpar.get_runner(graph, "localhost:1,127.0.0.1:1")
