@@ -238,3 +238,37 @@ def test_berts_adam_weight_decay_equals_single_device_in_every_mode(tmp_path):
         for name in ("bert/embeddings/word_embeddings", "output_weights",
                      "bert/embeddings/word_embeddings/adam_v"):
             assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
+
+
+QUEUES = os.path.join(WORKERS, "queues.py")
+
+
+def test_queue_runner_input_trains_as_one_device_does(tmp_path):
+    """TF1's queue input (the PTB tutorial's ptb_producer: a range_input_producer filled
+    by queue runners) over each worker's own rows: the queue runners started by
+    tfpar.MonitoredTrainingSession (HYBRID, sharded) or by the script's
+    `start_queue_runners(sess=runner)` (AR, PS); every worker ends where one device does
+    on all the rows, rtol 1e-5, atol 1e-6; and the script's `saver.save(runner, path)`
+    writes the single-device model (PS parts whole)."""
+    out = str(tmp_path)
+    proc = horovodrun(2, QUEUES, out, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    ref = subprocess.run([sys.executable, QUEUES, out, "--single", "2"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    for mode in ("HYBRID", "SHARDED", "AR", "PS"):
+        single = np.load(os.path.join(out, mode, "single.npz"))
+        for r in range(2):
+            got = np.load(os.path.join(out, mode, f"rank{r}.npz"))
+            for key in single.files:
+                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{mode}: {key} on worker {r}")
+        start = np.load(os.path.join(out, mode, "rank0.npz"))
+        assert int(single["final/global_step"]) == 4, mode
+        assert not np.allclose(single["final/emb"], start["init/emb"]), mode
+        if mode in ("AR", "PS"):
+            saved = tf.train.load_checkpoint(os.path.join(out, mode, "saved"))
+            for key in single.files:
+                np.testing.assert_allclose(saved.get_tensor(key[len("final/"):]), single[key],
+                                           rtol=1e-5, atol=1e-6, err_msg=f"{mode}: {key}")

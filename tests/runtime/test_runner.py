@@ -88,6 +88,38 @@ def test_make_callable_runs_like_a_sessions(built):
             runner.make_callable("no_such_tensor:0")
 
 
+def test_the_runner_is_a_session_where_tensorflow_checks_for_one(tmp_path):
+    """TF's own functions that take a session take the runner: a Saver of the user's graph
+    saves the model and restores it through the runner, and start_queue_runners feeds a
+    queue input through it (PTB's range_input_producer); its graph is the user's, as a
+    session's; partial_run is refused clearly."""
+    g = tf.Graph()
+    with g.as_default():
+        i = tf1.train.range_input_producer(5, shuffle=False).dequeue()
+        w = tf1.get_variable("w", [5], initializer=tf1.zeros_initializer())
+        loss = tf.reduce_sum(w * tf.one_hot(i, 5, dtype=tf.float32))
+        train = tf1.train.GradientDescentOptimizer(1.0).minimize(loss)
+        reset = w.assign(tf.fill([5], 7.0))
+        saver = tf1.train.Saver()
+    with tfpar.get_runner(g) as runner:
+        assert runner.graph is g and runner.rewritten_graph is not g
+        coord = tf1.train.Coordinator()
+        threads = tf1.train.start_queue_runners(sess=runner, coord=coord)
+        for _ in range(3):
+            runner.run(train)
+        coord.request_stop()
+        coord.join(threads)
+        np.testing.assert_array_equal(runner.run(w), [-1, -1, -1, 0, 0])  # 3 dequeues
+        with g.as_default():
+            path = saver.save(runner, str(tmp_path / "model"))
+            assert tf.train.load_checkpoint(path).get_tensor("w").tolist() == [-1, -1, -1, 0, 0]
+            assert runner.run(reset).tolist() == [7] * 5
+            saver.restore(runner, path)
+        assert runner.run(w).tolist() == [-1, -1, -1, 0, 0]
+        with pytest.raises(tfpar.TfparError, match="partial_run"):
+            runner.partial_run_setup([loss])
+
+
 def test_same_result_as_a_plain_session(built):
     graph, h = built
     with tfpar.get_runner(graph) as runner:

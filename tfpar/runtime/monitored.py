@@ -48,11 +48,12 @@ def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, hooks=None,  
     checkpoint every 600 s when neither steps nor seconds are given, summaries every 100
     steps). `config` is the session's `ConfigProto`; `resources` and `tfpar_config` (a
     `tfpar.Config`) are `tfpar.get_runner`'s. Every worker must create it and call `run`
-    the same number of times (as a Horovod script does). `stop_grace_period_secs` is
-    accepted for compatibility (no threads are coordinated). Horovod's
-    `BroadcastGlobalVariablesHook` is dropped with a note: tfpar broadcasts itself.
+    the same number of times (as a Horovod script does). The graph's queue runners
+    (`tf.compat.v1.train.batch` and the other queue inputs) start as TF starts them, under
+    a `Coordinator` the hooks get, and stop on close within `stop_grace_period_secs`.
+    Horovod's `BroadcastGlobalVariablesHook` is dropped with a note: tfpar broadcasts
+    itself.
     """
-    del stop_grace_period_secs
     graph = graph or tf.compat.v1.get_default_graph()
     if save_checkpoint_steps is USE_DEFAULT and save_checkpoint_secs is USE_DEFAULT:
         save_checkpoint_steps, save_checkpoint_secs = None, 600
@@ -106,7 +107,7 @@ def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, hooks=None,  
     graph.finalize()  # as TF does: a hook that adds ops after begin() fails loudly
     return MonitoredSession(runner, graph, all_hooks, scaffold, checkpoint_dir,
                             save_checkpoint_steps, save_checkpoint_secs, max_to_keep,
-                            summaries)
+                            summaries, stop_grace_period_secs)
 
 
 def _without_horovod_hooks(hooks: List) -> List:
@@ -251,8 +252,12 @@ class MonitoredSession:
     """The session `tfpar.MonitoredTrainingSession` returns (TF's MonitoredSession API)."""
 
     def __init__(self, runner, graph, hooks, scaffold, checkpoint_dir, save_steps, save_secs,
-                 max_to_keep, summaries: Optional[AgreedSummarySaverHook] = None):
+                 max_to_keep, summaries: Optional[AgreedSummarySaverHook] = None,
+                 stop_grace_period_secs: float = 120):
         self._runner, self._graph, self._hooks = runner, graph, hooks
+        self._grace = stop_grace_period_secs
+        self._coord = train.Coordinator(clean_stop_exception_types=[])
+        self._threads = []
         self._summaries = summaries
         self._user_session = runner.user_session
         self._checkpoint_dir, self._save_steps, self._save_secs = (
@@ -279,8 +284,13 @@ class MonitoredSession:
                                   "graph.pbtxt")
             if checkpoint_dir and self.resumed_from is None:
                 self._save()  # as TF's CheckpointSaverHook does at the start
+            if graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+                # TF's queue inputs (tf.compat.v1.train.batch, string_input_producer...):
+                # their threads enqueue through the runner, as TF's session starts them.
+                self._threads = train.start_queue_runners(sess=self._user_session,
+                                                          coord=self._coord)
             for hook in self._hooks:
-                hook.after_create_session(self._user_session, None)
+                hook.after_create_session(self._user_session, self._coord)
 
     runner = property(lambda self: self._runner, doc="The tfpar Runner underneath.")
     graph = property(lambda self: self._graph)
@@ -308,6 +318,9 @@ class MonitoredSession:
                 # The input ended: on every worker at the same step when the slices are even.
                 self._stop = True
                 raise
+            except Exception:
+                self._coord.raise_requested_exception()  # a queue runner's error, if any
+                raise
             failure = None
             try:
                 for i, hook in enumerate(self._hooks):
@@ -316,7 +329,7 @@ class MonitoredSession:
                         run_metadata=metadata))
             except Exception as e:  # noqa: BLE001 (told to the other workers, then raised)
                 failure = e
-        self._agree(context.stop_requested, failure)
+        self._agree(context.stop_requested or self._coord.should_stop(), failure)
         if failure is not None:
             raise failure
         return outputs["caller"]
@@ -406,8 +419,13 @@ class MonitoredSession:
                     self._save(background=False)
         finally:
             self._closed = True
-            self._agreement.close()
-            self._runner.close()
+            self._coord.request_stop()
+            try:
+                self._coord.join(self._threads, stop_grace_period_secs=self._grace,
+                                 ignore_live_threads=True)
+            finally:
+                self._agreement.close()
+                self._runner.close()
 
     def __enter__(self):
         return self

@@ -290,11 +290,13 @@ def _reason(e: BaseException) -> str:
     return summary(e)
 
 
-class Runner:
+class Runner(surgery.session_base()):
     """Runs the rewritten graph with the names and objects of the user's original graph.
 
     `run(fetches, feed_dict)` takes the original graph's tensors, ops, variables or their
     names (in any nest of lists, tuples, dicts) and returns values in the same structure.
+    It is a TensorFlow session as TF's own functions check one (`start_queue_runners`,
+    a Saver's `save` and `restore`), on the user's graph.
     """
 
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
@@ -365,7 +367,12 @@ class Runner:
     num_workers = property(lambda self: self._num_workers, doc="How many workers the job has.")
     is_chief = property(lambda self: self._worker_id == 0, doc="Whether this is worker 0.")
     plan = property(lambda self: self._plan, doc="What tfpar decided (a printable tfpar.Plan).")
-    graph = property(lambda self: self._graph, doc="The rewritten graph this runner executes.")
+    graph = property(lambda self: self._graph if self._source is None else self._source,
+                     doc="The user's graph, as a session's (the rewritten one where the "
+                         "runner was made from a MetaGraphDef).")
+    rewritten_graph = property(lambda self: self._graph,
+                               doc="The rewritten graph this runner executes.")
+    sess_str = property(lambda self: "")
 
     @property
     def session(self):
@@ -536,6 +543,10 @@ class Runner:
         """Like `tf.compat.v1.Session.run`, with the original graph's tensors, ops and names."""
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
+        name = getattr(fetches, "name", fetches)
+        if isinstance(name, str) and is_saver_op(name):  # saver.save(runner) or restore
+            feeds = {getattr(k, "name", k): v for k, v in (feed_dict or {}).items()}
+            return self.session.run(name, feeds, options, run_metadata)
         mapped = tf.nest.map_structure(self._element, fetches)
         feeds = None
         if feed_dict:
@@ -575,6 +586,12 @@ class Runner:
             if self._autosave is not None:
                 self._autosave_due()
         return out
+
+    def partial_run_setup(self, *args, **kwargs):
+        raise TfparError("partial_run is not supported through tfpar")
+
+    def partial_run(self, *args, **kwargs):
+        raise TfparError("partial_run is not supported through tfpar")
 
     def make_callable(self, fetches, feed_list=None, accept_options=False):
         """Like `tf.compat.v1.Session.make_callable`: a function of the values of
@@ -952,10 +969,6 @@ class _UserSession(surgery.session_base()):
     sess_str = property(lambda self: "")
 
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
-        name = getattr(fetches, "name", fetches)
-        if isinstance(name, str) and is_saver_op(name):
-            feeds = {getattr(k, "name", k): v for k, v in (feed_dict or {}).items()}
-            return self._runner.session.run(name, feeds, options, run_metadata)
         return self._runner.run(fetches, feed_dict, options, run_metadata)
 
     def as_default(self):

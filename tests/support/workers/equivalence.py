@@ -70,7 +70,7 @@ def main(scenarios_path, out_dir):
             arrays["ps_pushes"] = np.array(json.dumps(runner.ps_pushes()))
             arrays["alltoalls"] = np.array(json.dumps(sorted(
                 op.get_attr("tensor_name") if "tensor_name" in op.node_def.attr else op.name
-                for op in runner.graph.get_operations() if op.type == "HorovodAlltoall")))
+                for op in runner.rewritten_graph.get_operations() if op.type == "HorovodAlltoall")))
             np.savez(os.path.join(d, f"rank{runner.worker_id}.npz"), **arrays)
 
 
