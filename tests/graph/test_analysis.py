@@ -239,3 +239,47 @@ def test_rows_made_dense_by_their_ids_are_exact_post_processing():
     assert g.kind == "sparse" and g.inexact is None and g.row_sums == ()
     assert graph(clip=True).row_sums == ("global_norm/L2Loss:0",)
     assert "UnsortedSegmentSum" in graph(other_ids=True).inexact
+
+
+@pytest.mark.parametrize("control_flow_v2", [True, False])
+def test_an_update_in_a_cond_is_found_and_marked_conditional(control_flow_v2):
+    """An optimizer applied inside tf.cond (a loss scale's "only where finite"), as TF2's
+    If (the update in a branch function) or TF1's Switch and Merge: each variable's update,
+    its raw gradient (not the cond's predicate, which reads every gradient) and slots are
+    found, marked conditional; the plan keeps them off the servers (PS mode refused, the
+    embedding on a replicated route in HYBRID with a note)."""
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.layout import parse_resources
+    (tf.compat.v1.enable_control_flow_v2 if control_flow_v2
+     else tf.compat.v1.disable_control_flow_v2)()
+    try:
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+            emb = tf.compat.v1.get_variable("emb", [10, 3], use_resource=True)
+            w = tf.compat.v1.get_variable("w", [3, 3], use_resource=True)
+            u = tf.compat.v1.get_variable("u", [3, 3], use_resource=True)
+            h = tf.matmul(tf.matmul(x + tf.nn.embedding_lookup(emb, [1, 2, 2]), w), u)
+            loss = tf.reduce_sum(h)
+            opt = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+                tf.compat.v1.train.AdamOptimizer(0.1), loss_scale="dynamic")
+            opt.minimize(loss)
+        a = analyse(g)
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
+    ops = {op.name: op for op in g.get_operations()}
+    for name, kind in (("emb", "sparse"), ("w", "dense"), ("u", "dense")):
+        v = a.variable(name)
+        assert v.role == "trained" and v.kind == kind and len(v.updates) == 1, name
+        update = v.updates[0]
+        assert update.conditional and set(update.slots) == {f"{name}/Adam", f"{name}/Adam_1"}
+        assert ops[update.gradient.values.split(":")[0]].name.startswith("gradients/"), name
+    assert a.variable("w").updates[0].gradient.values != a.variable("u").updates[0].gradient.values
+    assert a.variable("current_loss_scale").role == "optimizer_state"
+    layout = parse_resources("localhost:2")
+    plan = make_plan(a, tfpar.Config(), layout)
+    assert plan.variable("emb").route in ("allgather", "allreduce")
+    assert any("is made in a tf.cond branch" in n for n in plan.notes)
+    with pytest.raises(tfpar.TfparError, match="cannot put 'emb' on the parameter servers: "
+                                               "its update .* is made in a tf.cond branch"):
+        make_plan(a, tfpar.Config(run_mode="PS"), layout)

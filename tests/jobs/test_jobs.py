@@ -25,7 +25,8 @@ def test_shard_gives_disjoint_complete_slices(tmp_path):
 @pytest.mark.parametrize("case, message", [
     ("resources", r"resources give host 'localhost' 3 worker\(s\) but the running job has 2"),
     ("partitions", r"cannot split variable 'emb' into 50 parts: it has only 20 rows"),
-    ("sparse_apply", r"sparse variable 'emb' is updated by ResourceApplyAdam.*no sparse apply"),
+    ("sparse_apply", r"cannot put 'emb' on the parameter servers: its optimizer's update is "
+                     r"dense \(ResourceApplyAdam: no sparse apply"),
     ("more_hosts", r"resources name 2 host\(s\) .*but the running job has 1"),
     ("run_mode", r"unknown run_mode 'ALLREDUCE'"),
     ("unresolvable_host", r"name host 'nosuchhost.invalid', which does not resolve"),

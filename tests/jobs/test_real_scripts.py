@@ -272,3 +272,39 @@ def test_queue_runner_input_trains_as_one_device_does(tmp_path):
             for key in single.files:
                 np.testing.assert_allclose(saved.get_tensor(key[len("final/"):]), single[key],
                                            rtol=1e-5, atol=1e-6, err_msg=f"{mode}: {key}")
+
+
+LOSS_SCALE = os.path.join(WORKERS, "loss_scale.py")
+
+
+@pytest.mark.parametrize("control_flow", ["tf2", "tf1"])
+def test_updates_in_a_cond_skip_the_same_steps_as_one_device(tmp_path, control_flow):
+    """TF's MixedPrecisionLossScaleOptimizer (dynamic loss scale: Adam's update in a
+    tf.cond that skips a step whose gradients are not finite), as a TF2 If and as TF1's
+    Switch and Merge: one worker's infinite example at step 2 makes the combined
+    gradients infinite on every worker, so all skip that step and halve the scale as one
+    device does; the variables, slots and the scale equal single-device training (rtol
+    1e-5, atol 1e-6) in HYBRID, AR and with sparse_route="sharded", the embedding on a
+    replicated route (the servers and shards apply every step's update)."""
+    out = str(tmp_path)
+    flag = ["--tf1"] if control_flow == "tf1" else []
+    proc = horovodrun(2, LOSS_SCALE, out, *flag, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    ref = subprocess.run([sys.executable, LOSS_SCALE, out, "--single", "2", *flag], env=env,
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    for mode in ("HYBRID", "AR", "SHARDED"):
+        folder = os.path.join(out, control_flow, mode)
+        single = np.load(os.path.join(folder, "single.npz"))
+        assert float(single["final/current_loss_scale"]) == 2.0 ** 14  # halved once
+        assert int(single["final/global_step"]) == 3  # the skipped step is not counted
+        for r in range(2):
+            got = np.load(os.path.join(folder, f"rank{r}.npz"))
+            assert json.loads(str(got["routes"]))["emb"] in ("allgather", "allreduce")
+            for key in single.files:
+                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{mode}: {key} on worker {r}")
+        start = np.load(os.path.join(folder, "rank0.npz"))
+        for name in ("emb", "w1", "w2"):
+            assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)

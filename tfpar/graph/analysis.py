@@ -409,12 +409,16 @@ class _Analyser:
         return out
 
     def _writers(self, var_op) -> List[Tuple[tf.Operation, int]]:
-        """(op, input position) for every op that writes this variable."""
-        handle = var_op.outputs[0]
+        """(op, input position) for every op that writes this variable, directly or in a
+        TF1 `tf.cond` branch (through the cond's Switch of its handle)."""
         out = []
-        for c in handle.consumers():
-            n = WRITES.get(c.type, 0)
-            out.extend((c, i) for i, t in enumerate(c.inputs) if t is handle and i < n)
+        for handle in _cond_handles(var_op):
+            for c in handle.consumers():
+                n = WRITES.get(c.type, 0)
+                out.extend((c, i) for i, t in enumerate(c.inputs) if t is handle and i < n)
+                if c.type in CONDS:  # a TF2 tf.cond whose branch writes it: (the If, 0)
+                    out.extend((c, 0) for i, t in enumerate(c.inputs)
+                               if t is handle and self._function_writes(c, i))
         return out
 
     def _not_understood(self, var_op) -> List[Blocker]:
@@ -425,13 +429,15 @@ class _Analyser:
         the variable is a blocker, as is a write tfpar does not know.
         """
         found: List[Blocker] = []
-        stack, seen = [var_op.outputs[0]], set()
+        stack, seen, looped = [var_op.outputs[0]], set(), set()
         while stack:
             t = stack.pop()
             if t in seen:
                 continue
             seen.add(t)
             for c in t.consumers():
+                if c.type in CONDS and t is var_op.outputs[0]:
+                    continue  # a TF2 tf.cond branch's write is an update (`_writers`)
                 if c.type in FUNCTIONAL:
                     for pos, x in enumerate(c.inputs):
                         if x is t and self._function_writes(c, pos):
@@ -442,8 +448,11 @@ class _Analyser:
                                 "update it with an optimizer outside the loop")))
                 elif c.type in PASS_THROUGH and c.type not in ("Identity", "RefIdentity"):
                     stack.extend(c.outputs)  # v1 control flow: follow the handle
+                    if c.type not in _SWITCHES or t in looped:
+                        looped.update(c.outputs)
                 elif c.type in WRITES and t is not var_op.outputs[0]:
-                    if c in self.after_grad:
+                    # A write in a tf.cond branch is an update (`_writers`); in a loop not.
+                    if c in self.after_grad and t in looped:
                         found.append(Blocker(var_op.name, (
                             f"variable {var_op.name!r} is written by op {c.name!r} ({c.type}) "
                             "inside control flow: tfpar cannot combine an update made inside a "
@@ -595,18 +604,75 @@ class _Analyser:
         updates = []
         for key, ops in groups.items():
             scope = key if key.endswith("/") else ""
-            updates.append(self._update(var_op, scope, ops))
+            if len(ops) == 1 and ops[0].type in CONDS:
+                updates.append(self._cond_update(var_op, ops[0]))
+            else:
+                updates.append(self._update(var_op, scope, ops))
         return tuple(updates)
+
+    def _cond_update(self, var_op, cond: tf.Operation) -> Update:
+        """The update of `var_op` made in a branch of the TF2 `tf.cond` `cond` (an If op):
+        the branch's ops that write the variable, their slots and the cond's inputs their
+        values come from, whose nearest gradient is the raw one."""
+        handle_args = [i - 1 for i, t in enumerate(cond.inputs)
+                       if i > 0 and t is var_op.outputs[0]]
+        types, slots, entries = [], [], []
+        for attr in ("then_branch", "else_branch"):
+            fdef = self._functions().get(cond.get_attr(attr).name)
+            if fdef is None:
+                continue
+            args = [a.name for a in fdef.signature.input_arg]
+            nodes = {n.name: n for n in fdef.node_def}
+            aliases = {args[k] for k in handle_args}
+            for n in fdef.node_def:  # Identity chains of the handle
+                if n.op in PASS_THROUGH and n.input and n.input[0] in aliases:
+                    aliases.update((n.name, n.name + ":output:0"))
+            writers = [n for n in fdef.node_def if n.op in WRITES and n.input
+                       and n.input[0] in aliases]
+            if not writers:
+                continue
+            # The optimizer's ops of this update: its `update_<var>/` scope (a sparse
+            # Adam scatters the gradient into its slots, then updates the variable from them).
+            marker = "update_" + var_op.name + "/"
+            scoped = [n for n in fdef.node_def if n.op in WRITES and marker in n.name]
+            for n in scoped if any(marker in w.name for w in writers) else writers:
+                inputs = [i for i in n.input if not i.startswith("^")]
+                types.append(n.op)
+                k = WRITES[n.op]
+                slots.extend(cond.inputs[1 + args.index(i)].op.name for i in inputs[:k]
+                             if i in args)
+                stack, seen = list(inputs[k:]), set()
+                while stack:  # back to the branch's arguments: the cond's inputs
+                    name = stack.pop().split(":")[0]
+                    if name in seen:
+                        continue
+                    seen.add(name)
+                    if name in args:
+                        t = cond.inputs[1 + args.index(name)]
+                        if t.op in self.after_grad:
+                            entries.append(t)
+                    elif name in nodes:
+                        stack.extend(i.lstrip("^") for i in nodes[name].input)
+        gradient = self._raw_gradient(var_op, list(dict.fromkeys(entries)), [cond], {cond})
+        return Update(ops=(cond.name,), op_types=tuple(dict.fromkeys(types)), scope="",
+                      gradient=gradient,
+                      slots=tuple(dict.fromkeys(s for s in slots if s != var_op.name)),
+                      conditional=True)
 
     def _update(self, var_op, scope, ops) -> Update:
         members = set(ops)
         entries, slots = [], []
+        conditional = False
         for op in ops:
             n = WRITES.get(op.type, 0)
             for i, t in enumerate(op.inputs):
                 if i < n:
-                    if t.op is not var_op and t.op.type in VARIABLE_OP_TYPES:
-                        slots.append(t.op.name)
+                    written = _through_switches(t)
+                    conditional |= written is not t
+                    if written.op is not var_op and written.op.type in VARIABLE_OP_TYPES:
+                        slots.append(written.op.name)
+                elif op.type in _SWITCHES and i == 1:
+                    continue  # a cond's predicate says whether, not what
                 elif t.op not in members and t.op in self.after_grad:
                     entries.append(t)
         writer_ops = [op for op in ops if op.type in WRITES]
@@ -614,7 +680,8 @@ class _Analyser:
         return Update(ops=tuple(op.name for op in writer_ops),
                       op_types=tuple(dict.fromkeys(op.type for op in writer_ops)),
                       scope=scope, gradient=gradient,
-                      slots=tuple(dict.fromkeys(s for s in slots if s != var_op.name)))
+                      slots=tuple(dict.fromkeys(s for s in slots if s != var_op.name)),
+                      conditional=conditional)
 
     def _raw_gradient(self, var_op, entries: Sequence[tf.Tensor], writer_ops,
                       members) -> Gradient:
@@ -629,7 +696,8 @@ class _Analyser:
             if t.op in self.region:
                 found.setdefault(t, d)
             elif t.op in self.after_grad:
-                queue.extend((i, d + 1) for i in t.op.inputs)
+                data = t.op.inputs[:1] if t.op.type in _SWITCHES else t.op.inputs
+                queue.extend((i, d + 1) for i in data)
         where = ", ".join(op.name for op in writer_ops)
         shape = tf.TensorShape(var_op.get_attr("shape"))
         dtype = tf.as_dtype(var_op.get_attr("dtype"))
@@ -687,6 +755,28 @@ def _linear_in_rows(op: tf.Operation, rows) -> bool:
         return all(from_rows)
     return False
 _INDEX_PASS = frozenset({"Identity", "Cast"})
+_SWITCHES = ("Switch", "RefSwitch")
+
+
+def _cond_handles(var_op: tf.Operation) -> List[tf.Tensor]:
+    """A variable's handle (or ref) and its copies into TF1 `tf.cond` branches (the
+    outputs of Switches of it, nested conds included)."""
+    out, stack = [], [var_op.outputs[0]]
+    while stack:
+        t = stack.pop()
+        if t in out:
+            continue
+        out.append(t)
+        stack.extend(o for c in t.consumers() if c.type in _SWITCHES and c.inputs[0] is t
+                     for o in c.outputs)
+    return out
+
+
+def _through_switches(t: tf.Tensor) -> tf.Tensor:
+    """The tensor a chain of TF1 cond Switches passes on as `t` (`t` if none)."""
+    while t.op.type in _SWITCHES:
+        t = t.op.inputs[0]
+    return t
 
 
 def _passes_to(t: tf.Tensor, source: tf.Tensor) -> bool:

@@ -44,6 +44,9 @@ class Update:
     scope: str  # the optimizer's `.../update_<var>/` name scope, or "" for a lone op
     gradient: Gradient
     slots: Tuple[str, ...]
+    # Made inside a TF1 `tf.cond` branch (the variable written through a Switch: a loss
+    # scale's "apply only where the gradients are finite"), so a step may skip it.
+    conditional: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -330,7 +330,7 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
                                            layout.num_workers)
             else (sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
             sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
-            ps_route=_dense_update(v) is None,
+            ps_route=_replicated_only(v) is None,
             aggregation_s=saving, parts=min(_part_count(v, config, requested, hosts),
                                             max(v.shape[0], 1))))
     return tuple(candidates), aggregating
@@ -475,15 +475,12 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
         if wanted == "allreduce" and problem:
             raise TfparError(f"Config.sparse_route sends {v.name!r} to allreduce, but {problem}; "
                              "route it to 'ps' or 'allgather'")
-        dense_update = _dense_update(v)
-        if dense_update and v.name not in forced and wanted in ("ps", "sharded", None) and \
+        replicated = _replicated_only(v)
+        if replicated and v.name not in forced and wanted in ("ps", "sharded", None) and \
                 (wanted or density is None or v.name not in density.choices):
-            # The servers and the owners apply sparse updates only; a replicated route
-            # runs the user's dense update as it is (Google BERT's AdamWeightDecay).
+            # A replicated route runs the user's update as it is, on every worker.
             routes[v.name] = "allgather" if problem else "allreduce"
-            notes.append(f"{v.name}: {routes[v.name]}, as its optimizer's update is dense "
-                         f"({dense_update}): the parameter servers and sharded rows apply "
-                         "sparse updates only")
+            notes.append(f"{v.name}: {routes[v.name]}, as {replicated}")
             continue
         if wanted is not None:
             routes[v.name] = wanted
@@ -508,12 +505,20 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
     return routes
 
 
-def _dense_update(v: VariableInfo) -> Optional[str]:
-    """The op types of a sparse variable's first update that is dense (no sparse apply or
-    scatter: the optimizer densifies the rows), or None where every update is sparse."""
+def _replicated_only(v: VariableInfo) -> Optional[str]:
+    """Why only a replicated route (the allreduce, the allgather: every worker runs the
+    user's update) can take trained variable `v`, not the parameter servers nor sharded
+    rows, which run an update of their own; None where they can."""
     for u in v.updates:
-        if not any(t.startswith(_SPARSE_WRITERS_PREFIXES) for t in u.op_types):
-            return ", ".join(u.op_types)
+        if u.conditional:
+            return (f"its update {u.ops[0]!r} is made in a tf.cond branch (a step may "
+                    "skip it, as a loss scale's does where a gradient is not finite): the "
+                    "parameter servers and sharded rows apply every step's update")
+        if v.kind == "sparse" and not any(t.startswith(_SPARSE_WRITERS_PREFIXES)
+                                          for t in u.op_types):
+            return (f"its optimizer's update is dense ({', '.join(u.op_types)}: no sparse "
+                    "apply, so every row would be written each step): the parameter "
+                    "servers and sharded rows apply sparse updates only")
     return None
 
 
@@ -609,8 +614,9 @@ def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
     """Why route "sharded" cannot take `v` (None: it can). The rewrite refuses the same."""
     if not v.shape or v.shape[0] is None or v.shape[0] < n:
         return "it needs a static number of rows, at least one a worker"
-    if _dense_update(v):
-        return "its optimizer's update is dense"
+    replicated = _replicated_only(v)
+    if replicated:
+        return replicated
     for u in v.updates:
         if u.gradient.inexact:
             return u.gradient.inexact
@@ -622,13 +628,10 @@ def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
 
 
 def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePlan:
-    dense_update = _dense_update(v)
-    if dense_update:
-        raise TfparError(
-            f"sparse variable {v.name!r} is updated by {dense_update}, a dense update: its "
-            "optimizer has no sparse apply, so route 'sharded' would write every row each "
-            "step. Use an optimizer with a sparse update, or route it to 'allreduce' or "
-            "'allgather' (or leave its route to tfpar)")
+    replicated = _replicated_only(v)
+    if replicated:
+        raise TfparError(f"cannot shard {v.name!r}: {replicated}. Route it to 'allreduce' "
+                         "or 'allgather' (or leave its route to tfpar)")
     for u in v.updates:
         if u.gradient.inexact:
             raise NotYetSupportedError(u.gradient.inexact)
@@ -647,16 +650,13 @@ def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePla
 
 
 def _ps_plan(v: VariableInfo, config: Config, n: int, parts) -> VariablePlan:
-    dense_update = _dense_update(v) if v.kind == "sparse" else None
-    if dense_update:
+    replicated = _replicated_only(v)
+    if replicated:
         raise TfparError(
-            f"sparse variable {v.name!r} is updated by {dense_update}, a dense update: its "
-            "optimizer has no sparse apply, so the parameter servers would write every row "
-            "each step. Use an optimizer with a sparse update (GradientDescent, Momentum, "
-            "Adagrad, Adam), or " + (
-                "route it to 'allreduce' or 'allgather' (or leave its route to tfpar)"
+            f"cannot put {v.name!r} on the parameter servers: {replicated}. " + (
+                "Route it to 'allreduce' or 'allgather' (or leave its route to tfpar)"
                 if config.run_mode == "HYBRID" else
-                "run_mode 'HYBRID' (which allreduces or allgathers it) or 'AR'"))
+                "Use run_mode 'HYBRID' (which allreduces or allgathers it) or 'AR'"))
     for u in v.updates:
         if u.gradient.inexact:
             raise NotYetSupportedError(u.gradient.inexact)
