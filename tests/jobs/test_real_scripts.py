@@ -32,6 +32,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support.launch import REPO, WORKERS, horovodrun
+from tests.support.one_device import assert_like_one_device, run_with_reference
 
 
 STEPS, BATCH = 3, 4
@@ -152,30 +153,24 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
 WORD2VEC = os.path.join(WORKERS, "word2vec.py")
 
 
+def _moved(single, start, names, mode):
+    """Training changed each of `names` (from the job's initial values)."""
+    for name in names:
+        assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
+
+
 def test_horovods_word2vec_script_equals_single_device_in_every_mode(tmp_path):
     """Horovod's tensorflow_word2vec.py with the README's changes (its `init.run()` kept:
     unseeded initialisers, each worker draws its own, tfpar keeps worker 0's) trains as
     one device does on the pairs of both workers, with the tables on the parameter
     servers, allgathered (AR) and sharded; rtol 1e-5, atol 1e-6."""
     out = str(tmp_path)
-    proc = horovodrun(2, WORD2VEC, out, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    ref = subprocess.run([sys.executable, WORD2VEC, out, "--single", "2"], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr[-4000:]
+    run_with_reference(WORD2VEC, out)
     for mode in ("HYBRID", "AR", "SHARDED"):
-        single = np.load(os.path.join(out, mode, "single.npz"))
-        ranks = [np.load(os.path.join(out, mode, f"rank{r}.npz")) for r in range(2)]
+        single, ranks = assert_like_one_device(os.path.join(out, mode))
         for key in (k for k in ranks[0].files if k.startswith("init/")):
             np.testing.assert_array_equal(ranks[1][key], ranks[0][key], err_msg=f"{mode} {key}")
-        for r, got in enumerate(ranks):
-            for key in single.files:
-                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{mode}: {key} on worker {r}")
-        moved = [k for k in single.files if k.startswith("final/")
-                 and not np.allclose(single[k], ranks[0]["init/" + k[len("final/"):]])]
-        assert {"final/emb", "final/nce_weights", "final/nce_biases"} <= set(moved), mode
+        _moved(single, ranks[0], ("emb", "nce_weights", "nce_biases"), mode)
 
 
 ACCUMULATE = os.path.join(WORKERS, "accumulate.py")
@@ -187,23 +182,11 @@ def test_gradients_accumulated_over_runs_equal_single_device_in_every_mode(tmp_p
     accumulators over 3, Adam, a global step): every worker ends where one device does on
     both workers' micro-batches together, in HYBRID, AR and PS; rtol 1e-5, atol 1e-6."""
     out = str(tmp_path)
-    proc = horovodrun(2, ACCUMULATE, out, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    ref = subprocess.run([sys.executable, ACCUMULATE, out, "--single", "2"], env=env,
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr[-4000:]
+    run_with_reference(ACCUMULATE, out)
     for mode in ("HYBRID", "AR", "PS"):
-        single = np.load(os.path.join(out, mode, "single.npz"))
-        for r in range(2):
-            got = np.load(os.path.join(out, mode, f"rank{r}.npz"))
-            for key in single.files:
-                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{mode}: {key} on worker {r}")
-        start = np.load(os.path.join(out, mode, "rank0.npz"))
+        single, ranks = assert_like_one_device(os.path.join(out, mode))
         assert int(single["final/global_step"]) == 3
-        for name in ("emb", "w1", "w2"):  # training moved them
-            assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
+        _moved(single, ranks[0], ("emb", "w1", "w2"), mode)
 
 
 BERT = os.path.join(WORKERS, "bert_optimizer.py")
@@ -217,27 +200,15 @@ def test_berts_adam_weight_decay_equals_single_device_in_every_mode(tmp_path):
     without the clipping), and every worker ends where one device does on both workers'
     batches; HYBRID, sharded, AR; rtol 1e-5, atol 1e-6."""
     out = str(tmp_path)
-    proc = horovodrun(2, BERT, out, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    ref = subprocess.run([sys.executable, BERT, out, "--single", "2"], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr[-4000:]
+    run_with_reference(BERT, out)
     routes = {"HYBRID": "allgather", "SHARDED": "allgather", "AR": "allgather",
               "UNCLIPPED": "allreduce"}
     for mode, route in routes.items():
-        single = np.load(os.path.join(out, mode, "single.npz"))
-        for r in range(2):
-            got = np.load(os.path.join(out, mode, f"rank{r}.npz"))
-            assert str(got["route"]) == route, (mode, str(got["route"]))
-            for key in single.files:
-                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{mode}: {key} on worker {r}")
-        start = np.load(os.path.join(out, mode, "rank0.npz"))
+        single, ranks = assert_like_one_device(os.path.join(out, mode))
+        assert [str(got["route"]) for got in ranks] == [route] * 2, mode
         assert int(single["final/global_step"]) == 4
-        for name in ("bert/embeddings/word_embeddings", "output_weights",
-                     "bert/embeddings/word_embeddings/adam_v"):
-            assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
+        _moved(single, ranks[0], ("bert/embeddings/word_embeddings", "output_weights",
+                                  "bert/embeddings/word_embeddings/adam_v"), mode)
 
 
 QUEUES = os.path.join(WORKERS, "queues.py")
@@ -251,22 +222,11 @@ def test_queue_runner_input_trains_as_one_device_does(tmp_path):
     on all the rows, rtol 1e-5, atol 1e-6; and the script's `saver.save(runner, path)`
     writes the single-device model (PS parts whole)."""
     out = str(tmp_path)
-    proc = horovodrun(2, QUEUES, out, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    ref = subprocess.run([sys.executable, QUEUES, out, "--single", "2"], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr[-4000:]
+    run_with_reference(QUEUES, out)
     for mode in ("HYBRID", "SHARDED", "AR", "PS"):
-        single = np.load(os.path.join(out, mode, "single.npz"))
-        for r in range(2):
-            got = np.load(os.path.join(out, mode, f"rank{r}.npz"))
-            for key in single.files:
-                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{mode}: {key} on worker {r}")
-        start = np.load(os.path.join(out, mode, "rank0.npz"))
+        single, ranks = assert_like_one_device(os.path.join(out, mode))
         assert int(single["final/global_step"]) == 4, mode
-        assert not np.allclose(single["final/emb"], start["init/emb"]), mode
+        _moved(single, ranks[0], ("emb",), mode)
         if mode in ("AR", "PS"):
             saved = tf.train.load_checkpoint(os.path.join(out, mode, "saved"))
             for key in single.files:
@@ -287,24 +247,11 @@ def test_updates_in_a_cond_skip_the_same_steps_as_one_device(tmp_path, control_f
     1e-5, atol 1e-6) in HYBRID, AR and with sparse_route="sharded", the embedding on a
     replicated route (the servers and shards apply every step's update)."""
     out = str(tmp_path)
-    flag = ["--tf1"] if control_flow == "tf1" else []
-    proc = horovodrun(2, LOSS_SCALE, out, *flag, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    ref = subprocess.run([sys.executable, LOSS_SCALE, out, "--single", "2", *flag], env=env,
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stderr[-4000:]
+    run_with_reference(LOSS_SCALE, out, *(["--tf1"] if control_flow == "tf1" else []))
     for mode in ("HYBRID", "AR", "SHARDED"):
-        folder = os.path.join(out, control_flow, mode)
-        single = np.load(os.path.join(folder, "single.npz"))
+        single, ranks = assert_like_one_device(os.path.join(out, control_flow, mode))
         assert float(single["final/current_loss_scale"]) == 2.0 ** 14  # halved once
         assert int(single["final/global_step"]) == 3  # the skipped step is not counted
-        for r in range(2):
-            got = np.load(os.path.join(folder, f"rank{r}.npz"))
+        for got in ranks:
             assert json.loads(str(got["routes"]))["emb"] in ("allgather", "allreduce")
-            for key in single.files:
-                np.testing.assert_allclose(got[key], single[key], rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{mode}: {key} on worker {r}")
-        start = np.load(os.path.join(folder, "rank0.npz"))
-        for name in ("emb", "w1", "w2"):
-            assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
+        _moved(single, ranks[0], ("emb", "w1", "w2"), mode)

@@ -19,6 +19,22 @@ OPTIMIZERS = {
 }
 
 
+def mlp_with_embedding(vocab: int) -> dict:
+    """In the default graph: placeholders x [batch, 3], ids [batch] (int64), y [batch, 1],
+    an embedding `emb` [vocab, 3] added to x, a relu layer `w1` and a linear one `w2`,
+    the mean squared error `loss` (the real-script workers' model)."""
+    tf1.set_random_seed(3)
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    ids = tf1.placeholder(tf.int64, [None], name="ids")
+    y = tf1.placeholder(tf.float32, [None, 1], name="y")
+    emb = tf1.get_variable("emb", [vocab, 3])
+    w1 = tf1.get_variable("w1", [3, 4])
+    w2 = tf1.get_variable("w2", [4, 1])
+    h = tf.nn.relu(tf.matmul(x + tf.nn.embedding_lookup(emb, ids), w1))
+    loss = tf.reduce_mean(tf.square(tf.matmul(h, w2) - y))
+    return dict(x=x, ids=ids, y=y, emb=emb, w1=w1, w2=w2, loss=loss)
+
+
 def _batch_norm(hidden, kind, training=True):
     """`hidden` through a batch norm in training mode (see build's batch_norm)."""
     if kind in ("cond", "moments_cond", "cond_tf2"):

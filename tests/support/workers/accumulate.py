@@ -18,6 +18,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests.support import models, one_device  # noqa: E402
+
 tf1 = tf.compat.v1
 MICRO, BATCH, STEPS, VOCAB = 3, 4, 3, 12
 MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"}, "PS": {"run_mode": "PS"}}
@@ -26,15 +28,9 @@ MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"}, "PS": {"run
 def build():
     graph = tf.Graph()
     with graph.as_default():
-        tf1.set_random_seed(3)
-        x = tf1.placeholder(tf.float32, [None, 3], name="x")
-        ids = tf1.placeholder(tf.int64, [None], name="ids")
-        y = tf1.placeholder(tf.float32, [None, 1], name="y")
-        emb = tf1.get_variable("emb", [VOCAB, 3])
-        w1 = tf1.get_variable("w1", [3, 4])
-        w2 = tf1.get_variable("w2", [4, 1])
-        h = tf.nn.relu(tf.matmul(x + tf.nn.embedding_lookup(emb, ids), w1))
-        loss = tf.reduce_mean(tf.square(tf.matmul(h, w2) - y))
+        m = models.mlp_with_embedding(VOCAB)
+        x, ids, y, emb, w1, w2, loss = (m[k] for k in ("x", "ids", "y", "emb", "w1", "w2",
+                                                        "loss"))
         step = tf1.train.get_or_create_global_step()
         opt = tf1.train.AdamOptimizer(0.05)
         grads = opt.compute_gradients(loss, [emb, w1, w2])
@@ -70,27 +66,21 @@ def main(out, single=None):
         graph, h = build()
         variables = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
                      if not v.op.name.startswith("accum")]
-        names = [v.op.name for v in variables]
+        folder = os.path.join(out, mode)
         if single:
-            job = np.load(os.path.join(out, mode, "rank0.npz"))
-            with graph.as_default(), tf1.Session(graph=graph) as sess:
-                sess.run(tf1.global_variables_initializer())
-                for v in variables:
-                    v.load(job["init/" + v.op.name], sess)
-                train(lambda f, d=None: sess.run(f, d), h, 0, single, BATCH * single)
-                final = sess.run(variables)
-            np.savez(os.path.join(out, mode, "single.npz"),
-                     **{f"final/{k}": v for k, v in zip(names, final)})
+            final = one_device.single_device(
+                graph, variables, os.path.join(folder, "rank0.npz"),
+                lambda sess: train(lambda f, d=None: sess.run(f, d), h, 0, single,
+                                   BATCH * single))
+            one_device.save(os.path.join(folder, "single.npz"), variables, final)
             continue
         import tfpar
         with tfpar.get_runner(graph, config=tfpar.Config(**config)) as runner:
             init = runner.run(variables)
             train(runner.run, h, runner.worker_id, runner.num_workers, BATCH)
             final = runner.run(variables)
-            os.makedirs(os.path.join(out, mode), exist_ok=True)
-            np.savez(os.path.join(out, mode, f"rank{runner.worker_id}.npz"),
-                     **{f"init/{k}": v for k, v in zip(names, init)},
-                     **{f"final/{k}": v for k, v in zip(names, final)})
+            one_device.save(os.path.join(folder, f"rank{runner.worker_id}.npz"), variables,
+                            final, init)
 
 
 if __name__ == "__main__":

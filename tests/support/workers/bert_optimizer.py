@@ -25,6 +25,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests.support import one_device  # noqa: E402
+
 tf1 = tf.compat.v1
 VOCAB, WIDTH, SEQ, CLASSES, BATCH, STEPS = 30, 8, 5, 3, 4, 4
 MODES = {"HYBRID": ({"run_mode": "HYBRID"}, True),
@@ -143,10 +145,12 @@ def batch(step, n):
             rng.randint(0, CLASSES, size=BATCH * n).astype(np.int32))
 
 
-def train(run, h, rank, n):
+def train(run, h, rank, n, together=1):
+    """Worker `rank`'s steps of n workers (`together` workers' batches at once: one
+    device's)."""
     for step in range(STEPS):
-        ids, labels = batch(step, n)
-        mine = slice(rank * BATCH, (rank + 1) * BATCH)
+        ids, labels = batch(step, n * together)
+        mine = slice(rank * BATCH, (rank + together) * BATCH)
         run(h["train_op"], {h["ids"]: ids[mine], h["labels"]: labels[mine]})
 
 
@@ -155,19 +159,12 @@ def main(out, single=None):
     for mode, (config, clip) in MODES.items():
         graph, h = build(clip)
         variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
-        names = [v.op.name for v in variables]
+        folder = os.path.join(out, mode)
         if single:
-            job = np.load(os.path.join(out, mode, "rank0.npz"))
-            with graph.as_default(), tf1.Session(graph=graph) as sess:
-                sess.run(tf1.global_variables_initializer())
-                for v in variables:
-                    v.load(job["init/" + v.op.name], sess)
-                for step in range(STEPS):
-                    ids, labels = batch(step, single)
-                    sess.run(h["train_op"], {h["ids"]: ids, h["labels"]: labels})
-                final = sess.run(variables)
-            np.savez(os.path.join(out, mode, "single.npz"),
-                     **{f"final/{k}": v for k, v in zip(names, final)})
+            final = one_device.single_device(
+                graph, variables, os.path.join(folder, "rank0.npz"),
+                lambda sess: train(sess.run, h, 0, 1, single))
+            one_device.save(os.path.join(folder, "single.npz"), variables, final)
             continue
         import tfpar
         with tfpar.get_runner(graph, config=tfpar.Config(**config)) as runner:
@@ -175,10 +172,8 @@ def main(out, single=None):
             train(runner.run, h, runner.worker_id, runner.num_workers)
             final = runner.run(variables)
             route = runner.plan.variable("bert/embeddings/word_embeddings").route
-            os.makedirs(os.path.join(out, mode), exist_ok=True)
-            np.savez(os.path.join(out, mode, f"rank{runner.worker_id}.npz"), route=route,
-                     **{f"init/{k}": v for k, v in zip(names, init)},
-                     **{f"final/{k}": v for k, v in zip(names, final)})
+            one_device.save(os.path.join(folder, f"rank{runner.worker_id}.npz"), variables,
+                            final, init, route=route)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests.support import models, one_device  # noqa: E402
+
 tf1 = tf.compat.v1
 BATCH, STEPS, VOCAB, BAD_STEP = 4, 4, 12, 2
 MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"},
@@ -32,20 +34,12 @@ MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"},
 def build():
     graph = tf.Graph()
     with graph.as_default():
-        tf1.set_random_seed(3)
-        x = tf1.placeholder(tf.float32, [None, 3], name="x")
-        ids = tf1.placeholder(tf.int64, [None], name="ids")
-        y = tf1.placeholder(tf.float32, [None, 1], name="y")
-        emb = tf1.get_variable("emb", [VOCAB, 3])
-        w1 = tf1.get_variable("w1", [3, 4])
-        w2 = tf1.get_variable("w2", [4, 1])
-        h = tf.nn.relu(tf.matmul(x + tf.nn.embedding_lookup(emb, ids), w1))
-        loss = tf.reduce_mean(tf.square(tf.matmul(h, w2) - y))
+        m = models.mlp_with_embedding(VOCAB)
         step = tf1.train.get_or_create_global_step()
         opt = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(
             tf1.train.AdamOptimizer(0.05), loss_scale="dynamic")
-        train = opt.minimize(loss, global_step=step)
-    return graph, dict(x=x, ids=ids, y=y, train=train)
+        train = opt.minimize(m["loss"], global_step=step)
+    return graph, dict(x=m["x"], ids=m["ids"], y=m["y"], train=train)
 
 
 def data(step, n):
@@ -63,35 +57,29 @@ def main(out, single=None, tf_1=False):
     for mode, config in MODES.items():
         graph, h = build()
         variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
-        names = [v.op.name for v in variables]
         folder = os.path.join(out, mode)
         if single:
-            job = np.load(os.path.join(folder, "rank0.npz"))
-            with graph.as_default(), tf1.Session(graph=graph) as sess:
-                sess.run(tf1.global_variables_initializer())
-                for v in variables:
-                    v.load(job["init/" + v.op.name], sess)
-                for step in range(STEPS):
-                    x, ids, y = data(step, single)
-                    sess.run(h["train"], {h["x"]: x, h["ids"]: ids, h["y"]: y})
-                final = sess.run(variables)
-            np.savez(os.path.join(folder, "single.npz"),
-                     **{f"final/{k}": v for k, v in zip(names, final)})
+            final = one_device.single_device(
+                graph, variables, os.path.join(folder, "rank0.npz"),
+                lambda sess: train(sess.run, h, 0, single, BATCH * single))
+            one_device.save(os.path.join(folder, "single.npz"), variables, final)
             continue
         import tfpar
         with tfpar.get_runner(graph, config=tfpar.Config(**config)) as runner:
             init = runner.run(variables)
-            rank, n = runner.worker_id, runner.num_workers
-            for step in range(STEPS):
-                x, ids, y = data(step, n)
-                mine = slice(rank * BATCH, (rank + 1) * BATCH)
-                runner.run(h["train"], {h["x"]: x[mine], h["ids"]: ids[mine], h["y"]: y[mine]})
+            train(runner.run, h, runner.worker_id, runner.num_workers, BATCH)
             final = runner.run(variables)
             routes = {v.name: v.route for v in runner.plan.variables if v.role == "trained"}
-            os.makedirs(folder, exist_ok=True)
-            np.savez(os.path.join(folder, f"rank{rank}.npz"), routes=json.dumps(routes),
-                     **{f"init/{k}": v for k, v in zip(names, init)},
-                     **{f"final/{k}": v for k, v in zip(names, final)})
+            one_device.save(os.path.join(folder, f"rank{runner.worker_id}.npz"), variables,
+                            final, init, routes=json.dumps(routes))
+
+
+def train(run, h, rank, n, width):
+    """Worker `rank`'s batches of n workers' steps (`width` examples from its first)."""
+    for step in range(STEPS):
+        x, ids, y = data(step, n)
+        mine = slice(rank * BATCH, rank * BATCH + width)
+        run(h["train"], {h["x"]: x[mine], h["ids"]: ids[mine], h["y"]: y[mine]})
 
 
 if __name__ == "__main__":

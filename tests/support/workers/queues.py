@@ -23,6 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests.support import one_device  # noqa: E402
+
 tf1 = tf.compat.v1
 VOCAB, WIDTH, BATCH, NUM_STEPS, STEPS = 20, 4, 2, 3, 4
 MODES = {"HYBRID": ({"run_mode": "HYBRID"}, True),
@@ -79,20 +81,17 @@ def main(out, single=None):
         if single:
             graph, train_op, _ = build(rows(single).reshape(-1), BATCH * single)
             variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
-            job = np.load(os.path.join(out, mode, "rank0.npz"))
-            with graph.as_default(), tf1.Session(graph=graph) as sess:
-                sess.run(tf1.global_variables_initializer())
-                for v in variables:
-                    v.load(job["init/" + v.op.name], sess)
+
+            def train(sess):
                 coord = tf1.train.Coordinator()
                 threads = tf1.train.start_queue_runners(sess=sess, coord=coord)
                 for _ in range(STEPS):
                     sess.run(train_op)
-                final = sess.run(variables)
                 coord.request_stop()
                 coord.join(threads)
-            np.savez(os.path.join(out, mode, "single.npz"),
-                     **{f"final/{v.op.name}": x for v, x in zip(variables, final)})
+            final = one_device.single_device(graph, variables,
+                                             os.path.join(out, mode, "rank0.npz"), train)
+            one_device.save(os.path.join(out, mode, "single.npz"), variables, final)
             continue
         import tfpar
         import horovod.tensorflow as hvd
@@ -102,7 +101,6 @@ def main(out, single=None):
         graph, train_op, saver = build(mine, BATCH)
         os.makedirs(os.path.join(out, mode), exist_ok=True)
         variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
-        names = [v.op.name for v in variables]
         if monitored:
             with graph.as_default():
                 session = tfpar.MonitoredTrainingSession(
@@ -127,9 +125,7 @@ def main(out, single=None):
                         saver.save(runner, os.path.join(out, mode, "saved"))
                 coord.request_stop()
                 coord.join(threads)
-        np.savez(os.path.join(out, mode, f"rank{rank}.npz"),
-                 **{f"init/{k}": v for k, v in zip(names, init)},
-                 **{f"final/{k}": v for k, v in zip(names, final)})
+        one_device.save(os.path.join(out, mode, f"rank{rank}.npz"), variables, final, init)
 
 
 if __name__ == "__main__":

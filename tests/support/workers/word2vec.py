@@ -21,6 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests.support import one_device  # noqa: E402
+
 tf1 = tf.compat.v1
 VOCAB, EMBED, SAMPLED, BATCH, STEPS = 40, 8, 6, 8, 4
 MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"},
@@ -65,35 +67,34 @@ def main(out, single=None):
     for mode, config in MODES.items():
         graph, h = build()
         variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
-        names = [v.op.name for v in variables]
-        record = {}
+        folder = os.path.join(out, mode)
         if single:
-            job = np.load(os.path.join(out, mode, "rank0.npz"))
-            with graph.as_default(), tf1.Session(graph=graph) as sess:
-                h["init"].run(session=sess)
-                for v in variables:
-                    v.load(job["init/" + v.op.name], sess)
+            normalized = []
+
+            def train(sess):
                 for step in range(STEPS):
                     x, y = pairs(step, single)
                     sess.run(h["optimizer"], {h["inputs"]: x, h["labels"]: y})
-                record.update({f"final/{n}": v for n, v in zip(names, sess.run(variables))})
-                record["normalized"] = sess.run(h["normalized"])
-            np.savez(os.path.join(out, mode, "single.npz"), **record)
+                normalized.append(sess.run(h["normalized"]))
+            final = one_device.single_device(graph, variables,
+                                             os.path.join(folder, "rank0.npz"), train)
+            one_device.save(os.path.join(folder, "single.npz"), variables, final,
+                            normalized=normalized[0])
             continue
         import tfpar
         runner = tfpar.get_runner(graph, config=tfpar.Config(**config))
         rank, n = runner.worker_id, runner.num_workers
         with runner, runner.as_default():
             h["init"].run()  # as the script does first
-            record.update({f"init/{k}": v for k, v in zip(names, runner.run(variables))})
+            init = runner.run(variables)
             for step in range(STEPS):
                 x, y = pairs(step, n)
                 mine = slice(rank * BATCH, (rank + 1) * BATCH)
                 h["optimizer"].run(feed_dict={h["inputs"]: x[mine], h["labels"]: y[mine]})
-            record.update({f"final/{k}": v for k, v in zip(names, runner.run(variables))})
-            record["normalized"] = h["normalized"].eval()
-        os.makedirs(os.path.join(out, mode), exist_ok=True)
-        np.savez(os.path.join(out, mode, f"rank{rank}.npz"), **record)
+            final = runner.run(variables)
+            normalized = h["normalized"].eval()
+        one_device.save(os.path.join(folder, f"rank{rank}.npz"), variables, final, init,
+                        normalized=normalized)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,57 @@
+"""What the real-script workers (tests/support/workers/*.py run by
+tests/jobs/test_real_scripts.py) share: the one-device reference run from the job's
+initial values, the files both write, and the test's side of it."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def single_device(graph: tf.Graph, variables, job_file: str, train):
+    """The final values of `variables` after `train(sess)` on one device: a plain
+    Session on `graph`, every variable initialised, then `variables` set to the job's
+    initial values (`init/<name>` of `job_file`, worker 0's)."""
+    job = np.load(job_file)
+    with graph.as_default(), tf1.Session(graph=graph) as sess:
+        sess.run(tf1.global_variables_initializer())
+        for v in variables:
+            v.load(job["init/" + v.op.name], sess)
+        train(sess)
+        return sess.run(variables)
+
+
+def save(path: str, variables, final, init=None, **extra) -> None:
+    """`final/<name>` (and `init/<name>`) of each variable, and `extra`, into `path`."""
+    names = [v.op.name for v in variables]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    np.savez(path, **extra, **{f"final/{k}": x for k, x in zip(names, final)},
+             **({} if init is None else {f"init/{k}": x for k, x in zip(names, init)}))
+
+
+def run_with_reference(worker: str, out: str, *args, n: int = 2, timeout: int = 300):
+    """Runs `worker OUT ARGS` as an n-worker job, then `worker OUT --single n ARGS` (its
+    one-device reference); fails the test if either fails."""
+    from tests.support.launch import REPO, horovodrun
+    proc = horovodrun(n, worker, out, *args, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    ref = subprocess.run([sys.executable, worker, out, "--single", str(n), *args], env=env,
+                         cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert ref.returncode == 0, ref.stderr[-4000:]
+
+
+def assert_like_one_device(folder: str, n: int = 2):
+    """Every worker's `rank<r>.npz` in `folder` holds `single.npz`'s values (rtol 1e-5,
+    atol 1e-6); returns (single, [worker files])."""
+    single = np.load(os.path.join(folder, "single.npz"))
+    ranks = [np.load(os.path.join(folder, f"rank{r}.npz")) for r in range(n)]
+    for r, got in enumerate(ranks):
+        for key in single.files:
+            np.testing.assert_allclose(got[key], single[key], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{folder}: {key} on worker {r}")
+    return single, ranks
