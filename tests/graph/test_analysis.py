@@ -283,3 +283,19 @@ def test_an_update_in_a_cond_is_found_and_marked_conditional(control_flow_v2):
     with pytest.raises(tfpar.TfparError, match="cannot put 'emb' on the parameter servers: "
                                                "its update .* is made in a tf.cond branch"):
         make_plan(a, tfpar.Config(run_mode="PS"), layout)
+
+
+def test_syncreplicas_optimizer_is_refused_with_what_to_change():
+    """TF's SyncReplicasOptimizer (a TF parameter-server script's) is named with the fix,
+    not reported as an update tfpar cannot distribute."""
+    g = tf.Graph()
+    with g.as_default():
+        w = tf.compat.v1.get_variable("w", [2], use_resource=True)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        opt = tf.compat.v1.train.SyncReplicasOptimizer(
+            tf.compat.v1.train.AdamOptimizer(0.1), replicas_to_aggregate=2,
+            total_num_replicas=2)
+        opt.minimize(tf.reduce_sum(w * w), global_step=step)
+    with pytest.raises(tfpar.TfparError, match=r"SyncReplicasOptimizer \(its token queue "
+                                               r"'sync_token_q'\).*Train with the optimizer"):
+        analyse(g)

@@ -231,6 +231,40 @@ def test_hybrid_on_one_worker_runs_a_real_parameter_server():
         assert runner.ps_pushes() == {"emb/part_0": 1}
 
 
+def test_a_run_of_part_of_the_servers_updates_is_refused():
+    """The servers' step applies every PS variable's update together: a run of one of two
+    train ops that update variables there (a GAN's alternating steps) is refused, naming
+    both sides and the fix, before anything runs; the two together train, and a run
+    reaching no update there (the discriminator on allreduce) is not concerned."""
+    def gan():
+        g = tf.Graph()
+        with g.as_default():
+            ids = tf1.placeholder(tf.int64, [None])
+            gen = tf1.get_variable("gen", [6, 2], use_resource=True)
+            disc = tf1.get_variable("disc", [6, 2], use_resource=True)
+            dense = tf1.get_variable("dense", [2, 1], use_resource=True)
+            lookups = tf.nn.embedding_lookup(gen, ids) * tf.nn.embedding_lookup(disc, ids)
+            loss = tf.reduce_sum(tf.matmul(lookups, dense))
+            g_train = tf1.train.AdagradOptimizer(0.1).minimize(loss, var_list=[gen])
+            d_train = tf1.train.AdagradOptimizer(0.1).minimize(-loss, var_list=[disc, dense])
+        return g, ids, g_train, d_train, gen
+
+    g, ids, g_train, d_train, gen = gan()
+    with tfpar.get_runner(g) as runner:  # HYBRID: both tables on the servers
+        before = runner.run(gen)
+        with pytest.raises(tfpar.TfparError, match=r"this run updates \['gen'\] on the "
+                                                   r"parameter servers but not \['disc'\].*"
+                                                   r"tf.group"):
+            runner.run(g_train, {ids: [1, 2]})
+        np.testing.assert_array_equal(runner.run(gen), before)  # nothing ran
+        runner.run([g_train, d_train], {ids: [1, 2]})
+        assert not np.allclose(runner.run(gen), before)
+    g, ids, g_train, d_train, _ = gan()
+    with tfpar.get_runner(g, config=tfpar.Config(sparse_route={"gen": "ps", "disc": "allgather"})) as runner:
+        runner.run(g_train, {ids: [1, 2]})
+        runner.run(d_train, {ids: [1, 2]})
+
+
 def test_assign_results_and_unmappable_fetches(built):
     """An assign's result is its new value (a resource variable's _UnreadVariable), an
     op's is None; what the runner cannot map is a TfparError naming it."""

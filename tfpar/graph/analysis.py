@@ -328,6 +328,7 @@ class _Analyser:
                         slot_owner.setdefault(s, op.name)
             infos[op.name] = (op, trainable, part, updates)
         blockers.extend(self._horovod_ops())
+        blockers.extend(self._sync_replicas())
         step_ops = row_reads.training_ops(
             self.graph.get_operation_by_name(n)
             for _, trainable, _, updates in infos.values() for u in updates for n in u.ops)
@@ -407,6 +408,21 @@ class _Analyser:
                                f"collectives, from {fix}. tfpar distributes the single-device "
                                "graph itself (README: from Horovod to tfpar)"))
         return out
+
+    def _sync_replicas(self) -> List[Blocker]:
+        """TF's `SyncReplicasOptimizer` (its token queue): TF's own parameter-server
+        synchronisation, which tfpar replaces, so a blocker that says what to change."""
+        queues = [op.name for op in self.ops if op.type in ("FIFOQueueV2", "FIFOQueue")
+                  and op.name.split("/")[-1] == "sync_token_q"]
+        if not queues:
+            return []
+        return [Blocker(queues[0], (
+            f"tf.compat.v1.train.SyncReplicasOptimizer (its token queue {queues[0]!r}): "
+            "TensorFlow's own synchronisation of workers on parameter servers, which tfpar "
+            "replaces. Train with the optimizer it wraps (opt, not "
+            "SyncReplicasOptimizer(opt, ...)) and drop its make_session_run_hook(); tfpar "
+            "applies every step's gradients of all workers, as replicas_to_aggregate = the "
+            "number of workers"))]
 
     def _writers(self, var_op) -> List[Tuple[tf.Operation, int]]:
         """(op, input position) for every op that writes this variable, directly or in a

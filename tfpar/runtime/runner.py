@@ -334,6 +334,12 @@ class Runner(surgery.session_base()):
         self._session_view = None
         self._trial = trial
         self._ps = ps
+        # {update op of the user's graph: its variable} for the variables on the servers,
+        # which one step of the servers' protocol updates together (see run).
+        self._ps_updates = {op: v.name for v in plan.variables if v.route == "ps"
+                            and v.slot_of is None for g in v.gradients for op in g.ops} \
+            if ps is not None and source_graph is not None else {}
+        self._partial_runs: Dict[tuple, Optional[str]] = {}
         self._replaced = dict(ps.replaced) if ps is not None else {}
         self._replaced.update(replaced or {})  # split variables' writes and reads outside the step
         self._counters = counters(graph)
@@ -548,6 +554,8 @@ class Runner(surgery.session_base()):
             feeds = {getattr(k, "name", k): v for k, v in (feed_dict or {}).items()}
             return self.session.run(name, feeds, options, run_metadata)
         mapped = tf.nest.map_structure(self._element, fetches)
+        if self._ps_updates:
+            self._check_whole_ps_step(fetches)
         feeds = None
         if feed_dict:
             feeds = {self._element(k, feed=True): v for k, v in feed_dict.items()}
@@ -592,6 +600,37 @@ class Runner(surgery.session_base()):
 
     def partial_run(self, *args, **kwargs):
         raise TfparError("partial_run is not supported through tfpar")
+
+    def _check_whole_ps_step(self, fetches):
+        """Refuses a run that updates some of the variables on the parameter servers but
+        not all: the servers' step (pushes, the chief's updates, the token) applies them
+        together, so it would apply the others too (a GAN's alternating train ops)."""
+        ops = []
+        for x in tf.nest.flatten(fetches, expand_composites=True):
+            if isinstance(x, str):
+                try:
+                    x = self._source.as_graph_element(x)
+                except (KeyError, ValueError):
+                    continue
+            if isinstance(x, tf.Tensor):
+                x = x.op
+            if isinstance(x, tf.Operation) and x.graph is self._source:
+                ops.append(x)
+        key = tuple(op.name for op in ops)
+        if key not in self._partial_runs:
+            reached = {self._ps_updates[op.name] for op in upstream(ops)
+                       if op.name in self._ps_updates}
+            missing = sorted(set(self._ps_updates.values()) - reached)
+            self._partial_runs[key] = None if not reached or not missing else (
+                f"this run updates {sorted(reached)} on the parameter servers but not "
+                f"{missing}: tfpar's parameter-server step applies the updates of every "
+                "variable on the servers together, so it would update those too (train "
+                "ops run one at a time, as a GAN's). Run the updates together "
+                "(tf.group), or give the variables of one of them a replicated route: "
+                "Config(sparse_route={name: 'allgather', ...}) in HYBRID, run_mode 'AR' "
+                "for dense ones")
+        if self._partial_runs[key]:
+            raise TfparError(self._partial_runs[key])
 
     def make_callable(self, fetches, feed_list=None, accept_options=False):
         """Like `tf.compat.v1.Session.make_callable`: a function of the values of
