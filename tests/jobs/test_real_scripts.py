@@ -255,3 +255,31 @@ def test_updates_in_a_cond_skip_the_same_steps_as_one_device(tmp_path, control_f
         for got in ranks:
             assert json.loads(str(got["routes"]))["emb"] in ("allgather", "allreduce")
         _moved(single, ranks[0], ("emb", "w1", "w2"), mode)
+
+
+WARM_START = os.path.join(WORKERS, "warm_start.py")
+
+
+def test_a_warm_start_from_a_checkpoint_reaches_every_route(tmp_path):
+    """BERT's fine-tuning warm start (init_from_checkpoint of the variables a pre-trained
+    checkpoint holds, a new head from its own initialiser, the script's
+    global_variables_initializer() run first): every worker starts from the checkpoint's
+    values, with the embedding on the parameter servers, allgathered, sharded and the
+    kernels split over the workers (before, a sharded or split variable started from
+    its random initialiser, silently), and trains as one device does (rtol 1e-5)."""
+    out = str(tmp_path)
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    made = subprocess.run([sys.executable, WARM_START, out, "--make"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-4000:]
+    pretrained = tf.train.load_checkpoint(os.path.join(out, "pretrained", "model"))
+    run_with_reference(WARM_START, out)
+    for mode in ("HYBRID", "AR", "PS", "SHARDED", "TILED"):
+        single, ranks = assert_like_one_device(os.path.join(out, mode))
+        for got in ranks:
+            for name in ("emb", "dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias"):
+                np.testing.assert_array_equal(got[f"init/{name}"], pretrained.get_tensor(name),
+                                              err_msg=f"{mode}: {name}")
+        np.testing.assert_array_equal(ranks[0]["init/output_weights"],
+                                      ranks[1]["init/output_weights"])
+        _moved(single, ranks[0], ("emb", "dense/kernel", "output_weights"), mode)

@@ -5,4 +5,5 @@
 - `extract`: the dataflow of a graph's dense layers, for the tiling planner.
 - `partitioner`: `tfpar.partitioner()`, which marks variables for the partition search.
 - `graph_copy`, `naming`: copies of graphs and names of the ops tfpar adds.
+- `initializers`: a variable's initialiser and initial value (a warm start's included).
 """

@@ -18,6 +18,8 @@ from typing import Iterable, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
+from tfpar.graph import initializers
+
 GATHERS = ("ResourceGather", "GatherV2", "Gather")
 # Ops that read rows `indices` (input 1) of their data (input 0) and sum them by segment:
 # embedding_lookup_sparse's fast path (feature columns' linear_model with TF1 variables).
@@ -122,7 +124,7 @@ def _after_step(op: tf.Operation, var_op: tf.Operation, out: RowReads,
                 read: Optional[tf.Operation] = None) -> None:
     """`op` reads the variable (or `read`'s output, the variable's read) after the step."""
     writer = _writes_another(op, var_op)
-    if writer is None or writer.name == writer.inputs[0].op.name + "/Assign":
+    if writer is None or initializers.is_initializer(writer):
         return  # none, or another variable's initialiser (a shadow's: initialized_value)
     average = _moving_average(op, writer, var_op, read)
     if average is None:

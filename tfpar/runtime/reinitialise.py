@@ -17,6 +17,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from tfpar.graph import initializers
 from tfpar.graph.row_reads import upstream
 from tfpar.runtime import job
 
@@ -80,16 +81,17 @@ class Reinitialiser:
             job.allgather_strings("reinitialised")
 
     def _initializers_of_entries(self) -> Dict[str, str]:
-        """{initialiser op name: its variable's name} for the model's variables, each
-        named `<variable>/Assign` as TensorFlow names them."""
+        """{initialiser op name: its variable's name} for the model's variables (TF's
+        `<variable>/Assign`, or the restore a warm start gave it instead)."""
         out = {}
         for name in self._entries:
             try:
-                op = self._graph.get_operation_by_name(name + "/Assign")
+                var_op = self._graph.get_operation_by_name(name)
             except KeyError:
                 continue
-            if op.type in ("AssignVariableOp", "Assign") and op.inputs[0].op.name == name:
-                out[op.name] = name
+            for op in (initializers.initializer(var_op), initializers.default_initializer(var_op)):
+                if op is not None and op.inputs and op.inputs[0].op is var_op:
+                    out[op.name] = name
         return out
 
     def _copy_read(self, name: str) -> tf.Tensor:

@@ -25,6 +25,7 @@ from typing import Dict, Iterable, List, Set, Tuple
 
 import tensorflow as tf
 
+from tfpar.graph import initializers
 from tfpar.graph.naming import safe_name
 from tfpar.graph.row_reads import ASSIGNS, IGNORED, SAVES, is_restore, upstream
 from tfpar.partition.tiling.cuts import Tiling
@@ -44,10 +45,8 @@ def initialisers(graph: tf.Graph) -> Set[tf.Operation]:
     ops = []
     for op in graph.get_operations():
         if op.type in ("VarHandleOp", "VariableV2"):
-            try:
-                ops.append(graph.get_operation_by_name(op.name + "/Assign"))
-            except KeyError:
-                pass
+            ops.extend(x for x in (initializers.initializer(op),
+                                   initializers.default_initializer(op)) if x is not None)
     return upstream(ops)
 
 
@@ -57,14 +56,16 @@ class OutsideUses:
     def __init__(self, var_op: tf.Operation, keep: Set[tf.Operation]):
         self.var_op = var_op
         handle = var_op.outputs[0]
-        own_init = var_op.name + "/Assign"
+        # TF's `<variable>/Assign`, and the initialiser a warm start gave it instead
+        own_init = {var_op.name + "/Assign",
+                    getattr(initializers.initializer(var_op), "name", None)}
         self.writes: List[tf.Operation] = []
         self.reads: List[Tuple[tf.Operation, List[tf.Operation]]] = []  # (read, its users)
         self.gathers: List[tf.Operation] = []  # row lookups of the handle itself
         # By name: every worker must build the same collectives under the same names, and
         # TensorFlow lists an output's consumers in no fixed order.
         for c in sorted(handle.consumers(), key=lambda op: op.name):
-            if c.type in IGNORED or c.name == own_init or c.type in SAVES:
+            if c.type in IGNORED or c.name in own_init or c.type in SAVES:
                 continue
             if c.type in ASSIGNS:
                 if c not in keep and not is_restore(c):

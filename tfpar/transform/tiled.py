@@ -51,6 +51,7 @@ from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.partition.tiling import redistribution
 from tfpar.partition.tiling.cuts import Tiling
 from tfpar.plan import Plan, VariablePlan
+from tfpar.graph import initializers
 from tfpar.graph.row_reads import training_ops
 from tfpar.transform import collectives, surgery, tiles
 from tfpar.transform.outside_uses import OutsideUses, initialisers
@@ -78,11 +79,11 @@ def _reads(var_op: tf.Operation) -> List[tf.Tensor]:
 
 
 def initial_value(var_op: tf.Operation) -> tf.Tensor:
-    for c in var_op.outputs[0].consumers():
-        if c.type in ("Assign", "AssignVariableOp") and c.name == var_op.name + "/Assign":
-            return c.inputs[1]
-    raise NotYetSupportedError(f"cannot find the initial value of {var_op.name!r} (its "
-                               f"'{var_op.name}/Assign'), which tiling needs")
+    value = initializers.initial_value(var_op)
+    if value is None:
+        raise NotYetSupportedError(f"cannot find the initial value of {var_op.name!r} (its "
+                                   "initialiser), which splitting it needs")
+    return value
 
 
 def new_tile(graph, var_op, tiling, shape, rank, name):
