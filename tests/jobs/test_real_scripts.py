@@ -150,7 +150,20 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
     assert "step 0: loss" not in proc.stdout  # before training
 
 
-WORD2VEC = os.path.join(WORKERS, "word2vec.py")
+# The real-script workers below run in one job (tests/support/workers/real_scripts.py),
+# each into its own folder, and their one-device references in one process.
+TOGETHER = ("word2vec", "accumulate", "bert_optimizer", "queues", "loss_scale", "warm_start")
+
+
+@pytest.fixture(scope="module")
+def together(tmp_path_factory):
+    """The folder each worker of TOGETHER wrote its ranks' and one device's values to."""
+    out = str(tmp_path_factory.mktemp("real_scripts"))
+    from tests.support.workers import warm_start
+    warm_start.pretrained(os.path.join(out, "warm_start"))  # its pre-trained checkpoint
+    run_with_reference(os.path.join(WORKERS, "real_scripts.py"), out, *TOGETHER,
+                       timeout=600)
+    return lambda name: os.path.join(out, name)
 
 
 def _moved(single, start, names, mode):
@@ -159,76 +172,60 @@ def _moved(single, start, names, mode):
         assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
 
 
-def test_horovods_word2vec_script_equals_single_device_in_every_mode(tmp_path):
+def test_horovods_word2vec_script_equals_single_device_in_every_mode(together):
     """Horovod's tensorflow_word2vec.py with the README's changes (its `init.run()` kept:
     unseeded initialisers, each worker draws its own, tfpar keeps worker 0's) trains as
     one device does on the pairs of both workers, with the tables on the parameter
     servers, allgathered (AR) and sharded; rtol 1e-5, atol 1e-6."""
-    out = str(tmp_path)
-    run_with_reference(WORD2VEC, out)
     for mode in ("HYBRID", "AR", "SHARDED"):
-        single, ranks = assert_like_one_device(os.path.join(out, mode))
+        single, ranks = assert_like_one_device(os.path.join(together("word2vec"), mode))
         for key in (k for k in ranks[0].files if k.startswith("init/")):
             np.testing.assert_array_equal(ranks[1][key], ranks[0][key], err_msg=f"{mode} {key}")
         _moved(single, ranks[0], ("emb", "nce_weights", "nce_biases"), mode)
 
 
-ACCUMULATE = os.path.join(WORKERS, "accumulate.py")
-
-
-def test_gradients_accumulated_over_runs_equal_single_device_in_every_mode(tmp_path):
+def test_gradients_accumulated_over_runs_equal_single_device_in_every_mode(together):
     """A TF1 script's gradient accumulation (3 micro-batches per step added into
     non-trainable variables, an embedding's gradient made dense, apply_gradients of the
     accumulators over 3, Adam, a global step): every worker ends where one device does on
     both workers' micro-batches together, in HYBRID, AR and PS; rtol 1e-5, atol 1e-6."""
-    out = str(tmp_path)
-    run_with_reference(ACCUMULATE, out)
     for mode in ("HYBRID", "AR", "PS"):
-        single, ranks = assert_like_one_device(os.path.join(out, mode))
+        single, ranks = assert_like_one_device(os.path.join(together("accumulate"), mode))
         assert int(single["final/global_step"]) == 3
         _moved(single, ranks[0], ("emb", "w1", "w2"), mode)
 
 
-BERT = os.path.join(WORKERS, "bert_optimizer.py")
-
-
-def test_berts_adam_weight_decay_equals_single_device_in_every_mode(tmp_path):
+def test_berts_adam_weight_decay_equals_single_device_in_every_mode(together):
     """Google BERT's training step (its AdamWeightDecayOptimizer built from assigns, the
     warm-up and polynomial decay, global-norm clipping, the global step incremented by
     hand): the word embeddings' gradient is sparse but their update dense, so they take
     the allgather under the default routes and `sparse_route="sharded"` (the allreduce
     without the clipping), and every worker ends where one device does on both workers'
     batches; HYBRID, sharded, AR; rtol 1e-5, atol 1e-6."""
-    out = str(tmp_path)
-    run_with_reference(BERT, out)
     routes = {"HYBRID": "allgather", "SHARDED": "allgather", "AR": "allgather",
               "UNCLIPPED": "allreduce"}
     for mode, route in routes.items():
-        single, ranks = assert_like_one_device(os.path.join(out, mode))
+        single, ranks = assert_like_one_device(os.path.join(together("bert_optimizer"), mode))
         assert [str(got["route"]) for got in ranks] == [route] * 2, mode
         assert int(single["final/global_step"]) == 4
         _moved(single, ranks[0], ("bert/embeddings/word_embeddings", "output_weights",
                                   "bert/embeddings/word_embeddings/adam_v"), mode)
 
 
-QUEUES = os.path.join(WORKERS, "queues.py")
-
-
-def test_queue_runner_input_trains_as_one_device_does(tmp_path):
+def test_queue_runner_input_trains_as_one_device_does(together):
     """TF1's queue input (the PTB tutorial's ptb_producer: a range_input_producer filled
     by queue runners) over each worker's own rows: the queue runners started by
     tfpar.MonitoredTrainingSession (HYBRID, sharded) or by the script's
     `start_queue_runners(sess=runner)` (AR, PS); every worker ends where one device does
     on all the rows, rtol 1e-5, atol 1e-6; and the script's `saver.save(runner, path)`
     writes the single-device model (PS parts whole)."""
-    out = str(tmp_path)
-    run_with_reference(QUEUES, out)
     for mode in ("HYBRID", "SHARDED", "AR", "PS"):
-        single, ranks = assert_like_one_device(os.path.join(out, mode))
+        folder = os.path.join(together("queues"), mode)
+        single, ranks = assert_like_one_device(folder)
         assert int(single["final/global_step"]) == 4, mode
         _moved(single, ranks[0], ("emb",), mode)
         if mode in ("AR", "PS"):
-            saved = tf.train.load_checkpoint(os.path.join(out, mode, "saved"))
+            saved = tf.train.load_checkpoint(os.path.join(folder, "saved"))
             for key in single.files:
                 np.testing.assert_allclose(saved.get_tensor(key[len("final/"):]), single[key],
                                            rtol=1e-5, atol=1e-6, err_msg=f"{mode}: {key}")
@@ -238,7 +235,7 @@ LOSS_SCALE = os.path.join(WORKERS, "loss_scale.py")
 
 
 @pytest.mark.parametrize("control_flow", ["tf2", "tf1"])
-def test_updates_in_a_cond_skip_the_same_steps_as_one_device(tmp_path, control_flow):
+def test_updates_in_a_cond_skip_the_same_steps_as_one_device(together, tmp_path, control_flow):
     """TF's MixedPrecisionLossScaleOptimizer (dynamic loss scale: Adam's update in a
     tf.cond that skips a step whose gradients are not finite), as a TF2 If and as TF1's
     Switch and Merge: one worker's infinite example at step 2 makes the combined
@@ -246,8 +243,11 @@ def test_updates_in_a_cond_skip_the_same_steps_as_one_device(tmp_path, control_f
     device does; the variables, slots and the scale equal single-device training (rtol
     1e-5, atol 1e-6) in HYBRID, AR and with sparse_route="sharded", the embedding on a
     replicated route (the servers and shards apply every step's update)."""
-    out = str(tmp_path)
-    run_with_reference(LOSS_SCALE, out, *(["--tf1"] if control_flow == "tf1" else []))
+    if control_flow == "tf2":
+        out = together("loss_scale")
+    else:  # TF1's control flow is chosen once a process: a job of its own
+        out = str(tmp_path)
+        run_with_reference(LOSS_SCALE, out, "--tf1")
     for mode in ("HYBRID", "AR", "SHARDED"):
         single, ranks = assert_like_one_device(os.path.join(out, control_flow, mode))
         assert float(single["final/current_loss_scale"]) == 2.0 ** 14  # halved once
@@ -257,23 +257,15 @@ def test_updates_in_a_cond_skip_the_same_steps_as_one_device(tmp_path, control_f
         _moved(single, ranks[0], ("emb", "w1", "w2"), mode)
 
 
-WARM_START = os.path.join(WORKERS, "warm_start.py")
-
-
-def test_a_warm_start_from_a_checkpoint_reaches_every_route(tmp_path):
+def test_a_warm_start_from_a_checkpoint_reaches_every_route(together):
     """BERT's fine-tuning warm start (init_from_checkpoint of the variables a pre-trained
     checkpoint holds, a new head from its own initialiser, the script's
     global_variables_initializer() run first): every worker starts from the checkpoint's
     values, with the embedding on the parameter servers, allgathered, sharded and the
     kernels split over the workers (before, a sharded or split variable started from
     its random initialiser, silently), and trains as one device does (rtol 1e-5)."""
-    out = str(tmp_path)
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    made = subprocess.run([sys.executable, WARM_START, out, "--make"], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr[-4000:]
+    out = together("warm_start")
     pretrained = tf.train.load_checkpoint(os.path.join(out, "pretrained", "model"))
-    run_with_reference(WARM_START, out)
     for mode in ("HYBRID", "AR", "PS", "SHARDED", "TILED"):
         single, ranks = assert_like_one_device(os.path.join(out, mode))
         for got in ranks:

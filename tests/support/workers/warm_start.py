@@ -86,6 +86,7 @@ def pretrained(out):
         tf1.layers.dense(h, 6)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
+            os.makedirs(os.path.join(out, "pretrained"), exist_ok=True)
             tf1.train.Saver().save(sess, os.path.join(out, "pretrained", "model"))
 
 
