@@ -299,3 +299,21 @@ def test_syncreplicas_optimizer_is_refused_with_what_to_change():
     with pytest.raises(tfpar.TfparError, match=r"SyncReplicasOptimizer \(its token queue "
                                                r"'sync_token_q'\).*Train with the optimizer"):
         analyse(g)
+
+
+def test_in_graph_towers_are_refused_with_one_process_a_gpu_as_the_fix():
+    """TF's multi-GPU tutorial builds the model once per GPU and averages the towers'
+    gradients (average_gradients): two raw gradients per update, which horovodrun's one
+    process a GPU replaces; the error says so."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 3])
+        w = tf.compat.v1.get_variable("w", [3, 1], use_resource=True)
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        towers = [opt.compute_gradients(tf.reduce_sum(tf.matmul(part, w)), [w])
+                  for part in (x[:2], x[2:])]
+        grads = [tf.expand_dims(gv[0][0], 0) for gv in towers]
+        opt.apply_gradients([(tf.reduce_mean(tf.concat(grads, 0), 0), w)])
+    with pytest.raises(tfpar.TfparError, match="several tensors.*In-graph towers.*horovodrun "
+                                               r"-np <GPUs>"):
+        analyse(g)

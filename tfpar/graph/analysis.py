@@ -840,7 +840,9 @@ def _nearest(var_op, candidates: Dict[tf.Tensor, int], what: str, where: str) ->
         raise TfparError(
             f"variable {var_op.name!r} updated by {where} takes its {what} from several tensors "
             f"({', '.join(sorted(t.name for t in nearest))}); tfpar needs one raw gradient per "
-            "update")
+            "update. In-graph towers (a model built once per GPU, their gradients averaged, "
+            "as TF's multi-GPU CIFAR-10 tutorial does) are what horovodrun replaces: build "
+            "the model once and start a process per GPU (horovodrun -np <GPUs>)")
     return nearest[0]
 
 
