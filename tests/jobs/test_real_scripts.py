@@ -152,7 +152,8 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
 
 # The real-script workers below run in one job (tests/support/workers/real_scripts.py),
 # each into its own folder, and their one-device references in one process.
-TOGETHER = ("word2vec", "accumulate", "bert_optimizer", "queues", "loss_scale", "warm_start")
+TOGETHER = ("word2vec", "accumulate", "bert_optimizer", "queues", "loss_scale", "warm_start",
+            "gan")
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +276,16 @@ def test_a_warm_start_from_a_checkpoint_reaches_every_route(together):
         np.testing.assert_array_equal(ranks[0]["init/output_weights"],
                                       ranks[1]["init/output_weights"])
         _moved(single, ranks[0], ("emb", "dense/kernel", "output_weights"), mode)
+
+
+def test_train_ops_run_by_turns_equal_single_device(together):
+    """A GAN's script: the discriminator's and the generator's train ops (separate
+    optimizers over separate variables) in separate runs, by turns; every worker ends where
+    one device does, with the generator's embedding on the parameter servers (the only
+    variable there: every run that updates one updates all), allgathered and sharded;
+    rtol 1e-5, atol 1e-6. (A run of part of the servers' updates is refused:
+    tests/runtime/test_runner.py.)"""
+    for mode in ("HYBRID", "AR", "SHARDED"):
+        single, ranks = assert_like_one_device(os.path.join(together("gan"), mode))
+        assert int(single["final/global_step"]) == 3
+        _moved(single, ranks[0], ("emb", "w1", "discriminator/d"), mode)

@@ -1,0 +1,88 @@
+"""Two train ops run by turns, as a GAN's script runs them: a generator (an embedding and
+two layers, Adam) and a discriminator (a layer, SGD), each with its own optimizer over its
+own variables, their steps in separate session runs, the generator's with a global step.
+
+usage: horovodrun -np N ... python gan.py OUT_DIR
+       python gan.py OUT_DIR --single N   (one device, the N workers' batches together,
+                                          from the job's values)
+Writes OUT_DIR/<mode>/rank<r>.npz (init/<var>, final/<var>) or single.npz for HYBRID (the
+embedding on the parameter servers, which only the generator's runs update), AR and
+SHARDED (sparse_route="sharded").
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tests.support import models, one_device  # noqa: E402
+
+tf1 = tf.compat.v1
+BATCH, STEPS, VOCAB = 4, 3, 12
+MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"},
+         "SHARDED": {"run_mode": "HYBRID", "sparse_route": "sharded"}}
+
+
+def build():
+    graph = tf.Graph()
+    with graph.as_default():
+        m = models.mlp_with_embedding(VOCAB)  # the generator: emb, w1, w2
+        fake = tf.matmul(tf.nn.relu(tf.matmul(m["x"] + tf.nn.embedding_lookup(
+            m["emb"], m["ids"]), m["w1"])), m["w2"])
+        with tf1.variable_scope("discriminator"):
+            d = tf1.get_variable("d", [1, 1])
+        real_score = tf.matmul(m["y"], d)
+        fake_score = tf.matmul(fake, d)
+        d_loss = tf.reduce_mean(tf.square(real_score - 1.0)) + tf.reduce_mean(
+            tf.square(fake_score))
+        g_loss = tf.reduce_mean(tf.square(fake_score - 1.0))
+        step = tf1.train.get_or_create_global_step()
+        g_train = tf1.train.AdamOptimizer(0.05).minimize(
+            g_loss, var_list=[m["emb"], m["w1"], m["w2"]], global_step=step)
+        d_train = tf1.train.GradientDescentOptimizer(0.1).minimize(d_loss, var_list=[d])
+    return graph, dict(x=m["x"], ids=m["ids"], y=m["y"], g_train=g_train, d_train=d_train)
+
+
+def data(step, n):
+    rng = np.random.RandomState(30 + step)
+    return (rng.rand(BATCH * n, 3).astype(np.float32),
+            rng.randint(0, VOCAB, size=BATCH * n).astype(np.int64),
+            rng.rand(BATCH * n, 1).astype(np.float32))
+
+
+def train(run, h, rank, n, width):
+    """By turns: the discriminator's step, then the generator's, on the same batch."""
+    for step in range(STEPS):
+        x, ids, y = data(step, n)
+        mine = slice(rank * BATCH, rank * BATCH + width)
+        feed = {h["x"]: x[mine], h["ids"]: ids[mine], h["y"]: y[mine]}
+        run(h["d_train"], feed)
+        run(h["g_train"], feed)
+
+
+def main(out, single=None):
+    tf1.disable_eager_execution()
+    for mode, config in MODES.items():
+        graph, h = build()
+        variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+        folder = os.path.join(out, mode)
+        if single:
+            final = one_device.single_device(
+                graph, variables, os.path.join(folder, "rank0.npz"),
+                lambda sess: train(sess.run, h, 0, single, BATCH * single))
+            one_device.save(os.path.join(folder, "single.npz"), variables, final)
+            continue
+        import tfpar
+        with tfpar.get_runner(graph, config=tfpar.Config(**config)) as runner:
+            init = runner.run(variables)
+            train(runner.run, h, runner.worker_id, runner.num_workers, BATCH)
+            final = runner.run(variables)
+            one_device.save(os.path.join(folder, f"rank{runner.worker_id}.npz"), variables,
+                            final, init)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    main(args[0], int(args[2]) if len(args) > 2 and args[1] == "--single" else None)
