@@ -55,3 +55,31 @@ def assert_like_one_device(folder: str, n: int = 2):
             np.testing.assert_allclose(got[key], single[key], rtol=RTOL, atol=ATOL,
                                        err_msg=f"{folder}: {key} on worker {r}")
     return single, ranks
+
+
+def run_modes(out: str, single, modes, build, train, batch: int, variables=None,
+              extra=None) -> None:
+    """A worker's main loop over `modes` ({mode: tfpar.Config arguments}), into
+    OUT/<mode>/: with `single` (N), one device on the N workers' batches together from
+    the job's initial values (single.npz); else this worker's run through tfpar
+    (rank<r>.npz). build() -> (graph, handles); train(run, handles, rank, n, width)
+    trains `width` examples of each step from worker `rank`'s first; variables(graph):
+    the variables saved (default every global one); extra(runner): more to save."""
+    for mode, config in modes.items():
+        graph, h = build()
+        chosen = (variables or (lambda g: g.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)))(
+            graph)
+        folder = os.path.join(out, mode)
+        if single:
+            final = single_device(graph, chosen, os.path.join(folder, "rank0.npz"),
+                                  lambda sess: train(lambda f, d=None: sess.run(f, d), h, 0,
+                                                     single, batch * single))
+            save(os.path.join(folder, "single.npz"), chosen, final)
+            continue
+        import tfpar
+        with tfpar.get_runner(graph, config=tfpar.Config(**config)) as runner:
+            init = runner.run(chosen)
+            train(runner.run, h, runner.worker_id, runner.num_workers, batch)
+            final = runner.run(chosen)
+            save(os.path.join(folder, f"rank{runner.worker_id}.npz"), chosen, final, init,
+                 **(extra(runner) if extra else {}))

@@ -62,25 +62,9 @@ def train(run, h, rank, n, width):
 
 def main(out, single=None):
     tf1.disable_eager_execution()
-    for mode, config in MODES.items():
-        graph, h = build()
-        variables = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
-                     if not v.op.name.startswith("accum")]
-        folder = os.path.join(out, mode)
-        if single:
-            final = one_device.single_device(
-                graph, variables, os.path.join(folder, "rank0.npz"),
-                lambda sess: train(lambda f, d=None: sess.run(f, d), h, 0, single,
-                                   BATCH * single))
-            one_device.save(os.path.join(folder, "single.npz"), variables, final)
-            continue
-        import tfpar
-        with tfpar.get_runner(graph, config=tfpar.Config(**config)) as runner:
-            init = runner.run(variables)
-            train(runner.run, h, runner.worker_id, runner.num_workers, BATCH)
-            final = runner.run(variables)
-            one_device.save(os.path.join(folder, f"rank{runner.worker_id}.npz"), variables,
-                            final, init)
+    one_device.run_modes(out, single, MODES, build, train, BATCH, variables=lambda g: [
+        v for v in g.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+        if not v.op.name.startswith("accum")])
 
 
 if __name__ == "__main__":

@@ -54,24 +54,9 @@ def data(step, n):
 def main(out, single=None, tf_1=False):
     (tf1.disable_v2_behavior if tf_1 else tf1.disable_eager_execution)()
     out = os.path.join(out, "tf1" if tf_1 else "tf2")
-    for mode, config in MODES.items():
-        graph, h = build()
-        variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
-        folder = os.path.join(out, mode)
-        if single:
-            final = one_device.single_device(
-                graph, variables, os.path.join(folder, "rank0.npz"),
-                lambda sess: train(sess.run, h, 0, single, BATCH * single))
-            one_device.save(os.path.join(folder, "single.npz"), variables, final)
-            continue
-        import tfpar
-        with tfpar.get_runner(graph, config=tfpar.Config(**config)) as runner:
-            init = runner.run(variables)
-            train(runner.run, h, runner.worker_id, runner.num_workers, BATCH)
-            final = runner.run(variables)
-            routes = {v.name: v.route for v in runner.plan.variables if v.role == "trained"}
-            one_device.save(os.path.join(folder, f"rank{runner.worker_id}.npz"), variables,
-                            final, init, routes=json.dumps(routes))
+    one_device.run_modes(out, single, MODES, build, train, BATCH, extra=lambda runner: dict(
+        routes=json.dumps({v.name: v.route for v in runner.plan.variables
+                           if v.role == "trained"})))
 
 
 def train(run, h, rank, n, width):
