@@ -53,6 +53,11 @@ def test_fetches_equal_a_plain_session(tmp_path, tf1):
             assert compared["assign_w"][0] == [[0.0], [1.0], [2.0]]
             assert compared["assign_lr"][0] == pytest.approx(0.05 * (rank + 1))
             assert compared["string"][0] == compared["string"][1]
+            # partial writes of the embedding were fetched, and its rows after them
+            assert {"scatter_emb", "row_assign_emb", "scatter_nd_emb"} <= set(compared)
+            if mode == "SHARDED":
+                assert {"scatter_add_emb", "different_values_scatter_nd_emb",
+                        "different_values_scatter_add_emb"} <= set(compared)
             for key, (got, want) in compared.items():
                 _same(got, want, f"{mode} worker {rank} {key}")
     # One training step, so one checkpoint: the collective fetches around it (a sharded

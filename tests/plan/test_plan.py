@@ -209,6 +209,42 @@ def test_a_sparse_variable_with_a_dense_update_takes_a_replicated_route():
     assert set(allowed) == {"allreduce", "allgather"}
 
 
+def test_an_add_to_a_table_outside_the_step_keeps_it_off_the_servers():
+    """Every worker runs a write between steps, so an add (assign_add, scatter_add, ...)
+    would reach the servers once per worker: the analysis lists such ops, the global
+    "ps" route falls back to a replicated one with a note, and the servers named for the
+    variable (or PS mode) are refused at planning, before any server starts; sharded
+    rows (one writer a row) take it. A write of values leaves the servers possible."""
+    layout = parse_resources("localhost:2")
+
+    def table(write):
+        g = tf.Graph()
+        with g.as_default():
+            emb = tf1.get_variable("emb", [10, 3], use_resource=True)
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2, 2]))
+            tf1.train.AdagradOptimizer(0.1).minimize(loss)
+            write(emb)
+        return analyse(g)
+
+    added = table(lambda emb: tf1.scatter_add(emb, [0], tf.ones([1, 3]), name="counts"))
+    assert added.variable("emb").adds_outside == ("counts",)
+    plan = make_plan(added, tfpar.Config(sparse_route="ps"), layout)
+    assert plan.variable("emb").route == "allreduce"
+    assert any(n.startswith("emb: allreduce, not the parameter servers: op 'counts' adds")
+               for n in plan.notes)
+    assert make_plan(added, tfpar.Config(sparse_route="sharded"), layout).variable(
+        "emb").route == "sharded"
+    with pytest.raises(tfpar.NotYetSupportedError, match=r"cannot put 'emb' on the parameter "
+                       r"servers: op 'counts' adds to it.*sparse_route=\{'emb': 'sharded'\}"):
+        make_plan(added, tfpar.Config(sparse_route={"emb": "ps"}), layout)
+    with pytest.raises(tfpar.NotYetSupportedError, match="once per worker.*run_mode 'HYBRID'"):
+        make_plan(added, tfpar.Config(run_mode="PS"), layout)
+    written = table(lambda emb: tf1.scatter_update(emb, [0], tf.zeros([1, 3])))
+    assert written.variable("emb").adds_outside == ()
+    assert make_plan(written, tfpar.Config(sparse_route="ps"), layout).variable(
+        "emb").route == "ps"
+
+
 def test_sum_semantics_in_plan():
     graph, _ = models.build(sparse=True)
     plan = make_plan(analyse(graph), tfpar.Config(run_mode="AR", average_dense=False),

@@ -205,6 +205,113 @@ def test_the_users_initializer_and_load_reach_a_variable_on_the_servers_or_shard
         np.testing.assert_array_equal(runner.run(emb), np.arange(12.0).reshape(6, 2))
 
 
+def _table_with_writes(add: bool):
+    """A table trained by Adagrad and written in part between steps, as scripts do;
+    `add`: a scatter_add among the writes."""
+    g = tf.Graph()
+    with g.as_default():
+        ids = tf1.placeholder(tf.int64, [None], name="ids")
+        emb = tf1.get_variable("emb", [7, 2], initializer=tf1.random_uniform_initializer(
+            seed=4))
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ids) ** 2)
+        train = tf1.train.AdagradOptimizer(0.1).minimize(loss)
+        writes = [tf1.scatter_update(emb, [0, 6], tf.zeros([2, 2])),  # padding rows zero
+                  emb[1:5:3].assign(tf.fill([2, 2], 2.0)),  # rows 1 and 4
+                  tf1.scatter_nd_update(emb, [[2], [5]], [[3.0, 3.0], [4.0, 4.0]]),
+                  tf1.scatter_max(emb, [3, 3], [[0.5, -9.0], [0.25, 9.0]]),
+                  tf1.scatter_update(emb, ids, tf.ones([tf.size(ids), 2]))]
+        if add:
+            writes.append(tf1.scatter_add(emb, [5, 5], tf.ones([2, 2])))
+    return g, ids, emb, train, writes
+
+
+@pytest.mark.parametrize("route,parts", [("ps", 3), ("sharded", None)])
+def test_writes_of_part_of_a_table_between_steps_reach_its_rows(route, parts):
+    """scatter_update, a slice's assign, scatter_nd_update and scatter_max of a table on
+    the servers in 3 parts, or sharded, leave what they leave in a plain session (and
+    scatter_add where the table is sharded); an id out of range fails the run with
+    nothing written. Before, they wrote the table the rewrite leaves unused, and the run
+    failed with TensorFlow's 'Resource ... does not exist'."""
+    g, ids, emb, train, writes = _table_with_writes(add=route == "sharded")
+    plain_g, plain_ids, plain_emb, plain_train, plain_writes = _table_with_writes(
+        add=route == "sharded")
+    config = tfpar.Config(sparse_route={"emb": route}, partitions=parts)
+    with tfpar.get_runner(g, config=config) as runner, tf1.Session(graph=plain_g) as sess:
+        if route == "ps":
+            assert len(runner.plan.variable("emb").parts) == 3
+        with plain_g.as_default():
+            sess.run(tf1.global_variables_initializer())
+        plain_emb.load(runner.run(emb), sess)
+        for write, plain_write in zip(writes, plain_writes):
+            runner.run(write, {ids: [2, 3]})
+            sess.run(plain_write, {plain_ids: [2, 3]})
+            np.testing.assert_array_equal(runner.run(emb), sess.run(plain_emb),
+                                          err_msg=write.name)
+            runner.run(train, {ids: [1, 2, 2]})
+            sess.run(plain_train, {plain_ids: [1, 2, 2]})
+            np.testing.assert_allclose(runner.run(emb), sess.run(plain_emb), rtol=1e-6)
+        before = runner.run(emb)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="ids out of range"):
+            runner.run(writes[4], {ids: [1, 7]})
+        np.testing.assert_array_equal(runner.run(emb), before)
+
+
+def test_an_add_to_part_of_a_table_on_the_servers_is_refused_before_any_server_starts():
+    """Every worker runs a write between steps; the servers would apply an add once per
+    worker, so the runner is refused at planning, naming the routes that can do it, and a
+    runner made next in the same process starts its servers and trains."""
+    g, _, _, _, _ = _table_with_writes(add=True)
+    with pytest.raises(tfpar.NotYetSupportedError,
+                       match=r"cannot put 'emb' on the parameter servers: op "
+                             r"'ResourceScatterAdd' adds to it.*once per worker.*"
+                             r"sparse_route=\{'emb': 'sharded'\}"):
+        tfpar.get_runner(g, config=tfpar.Config(sparse_route={"emb": "ps"}))
+    g, ids, emb, train, _ = _table_with_writes(add=False)
+    with tfpar.get_runner(g, config=tfpar.Config(sparse_route={"emb": "ps"})) as runner:
+        before = runner.run(emb)
+        runner.run(train, {ids: [1]})
+        assert not np.allclose(runner.run(emb)[1], before[1])
+
+
+_AFTER_A_STOP = r"""
+import tensorflow as tf
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+import tfpar
+def graph(bad):
+    g = tf.Graph()
+    with g.as_default():
+        emb = tf1.get_variable("emb", [6, 2])
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 2]) ** 2)
+        if bad:  # a use the servers' rewrite refuses, after the servers started
+            loss += tf.reduce_sum(tf.gather_nd(emb, [[1]]))
+        tf1.train.AdagradOptimizer(0.1).minimize(loss)
+    return g
+for bad in (True, False):
+    try:
+        tfpar.get_runner(graph(bad), config=tfpar.Config(sparse_route={"emb": "ps"}))
+    except tfpar.TfparError as e:
+        print(type(e).__name__ + ":", str(e).replace("\n", " "), flush=True)
+"""
+
+
+def test_a_runner_after_an_error_that_stopped_the_job_is_refused_not_left_waiting():
+    """An error in the rewrite stops the job (its parameter server ends with it); a later
+    get_runner in the process (a notebook's retry) is refused at once, naming the first
+    error. Before, it waited forever on the stopped server."""
+    import subprocess
+    import sys
+    from tests.support.launch import REPO
+    proc = subprocess.run([sys.executable, "-c", _AFTER_A_STOP], cwd=REPO, text=True,
+                          capture_output=True, timeout=180,
+                          env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    first, second = proc.stdout.splitlines()
+    assert first.startswith("NotYetSupportedError: variable 'emb' is used by op 'GatherNd'")
+    assert second.startswith("TfparError: an earlier error stopped this job's parameter "
+                             "servers (worker 0")
+    assert "'GatherNd'" in second and "start the job again" in second
+
+
 def test_graph_without_update_ops():
     g = tf.Graph()
     with g.as_default():

@@ -54,6 +54,12 @@ _GENERIC_WRITERS = (
     "ScatterDiv", "ScatterMin", "ScatterMax", "ScatterUpdate", "ScatterNdAdd",
     "ScatterNdSub", "ScatterNdUpdate",
 )
+# Writes that change a variable by an amount (done twice, they change it twice).
+ACCUMULATING_WRITES = frozenset({
+    "AssignAdd", "AssignSub", "AssignAddVariableOp", "AssignSubVariableOp",
+    "ScatterAdd", "ScatterSub", "ScatterMul", "ScatterDiv", "ScatterNdAdd", "ScatterNdSub",
+    "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul", "ResourceScatterDiv",
+    "ResourceScatterNdAdd", "ResourceScatterNdSub"})
 WRITES: Dict[str, int] = {**_APPLY_WRITES, **{"Resource" + k: v for k, v in _APPLY_WRITES.items()},
                           **{k: 1 for k in _GENERIC_WRITERS}}
 # Ops that take a variable's handle (or ref) without changing it.
@@ -350,6 +356,7 @@ class _Analyser:
                 dtype=dtype.name, nbytes=nbytes, resource=op.type == "VarHandleOp",
                 trainable=trainable, role=role, updates=updates,
                 slot_of=slot_owner.get(name), partition=part,
+                adds_outside=self._adds_outside(op, step_ops) if trainable else (),
                 **(self._reads(op, updates, step_ops)
                    if any(u.gradient.kind == "sparse" for u in updates) else {})))
         if not any(v.role == "trained" for v in result) and not blockers:
@@ -372,6 +379,13 @@ class _Analyser:
         return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops,
                              tuple(blockers), training_batch_norms(self.graph),
                              unsynced_batch_norms(self.graph))
+
+    @staticmethod
+    def _adds_outside(var_op, step_ops) -> Tuple[str, ...]:
+        """`VariableInfo.adds_outside`: the ops outside the step that add to `var_op`."""
+        return tuple(sorted(c.name for c in var_op.outputs[0].consumers()
+                            if c.type in ACCUMULATING_WRITES and c not in step_ops
+                            and not row_reads.is_restore(c)))
 
     def _reads(self, var_op, updates, step_ops) -> dict:
         """A sparse variable's `other_reads` and `averages` (`row_reads`)."""

@@ -79,6 +79,10 @@ class VariableInfo:
     # The variables that hold a moving average of a sparse trained variable (shadows an
     # ExponentialMovingAverage updates from it after the step, row by row).
     averages: Tuple[str, ...] = ()
+    # Ops that change a trained variable by an amount outside the training step
+    # (assign_add, scatter_add, scatter_mul, ...): every worker runs them, so only a route
+    # where each value has one writer (replicated copies, sharded rows) applies each once.
+    adds_outside: Tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:

@@ -330,7 +330,7 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
                                            layout.num_workers)
             else (sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
             sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
-            ps_route=_replicated_only(v) is None,
+            ps_route=_replicated_only(v) is None and _ps_problem(v) is None,
             aggregation_s=saving, parts=min(_part_count(v, config, requested, hosts),
                                             max(v.shape[0], 1))))
     return tuple(candidates), aggregating
@@ -482,6 +482,12 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
             routes[v.name] = "allgather" if problem else "allreduce"
             notes.append(f"{v.name}: {routes[v.name]}, as {replicated}")
             continue
+        servers = _ps_problem(v)
+        if servers and v.name not in forced and wanted in ("ps", None) and \
+                (wanted or density is None or v.name not in density.choices):
+            routes[v.name] = "allgather" if problem else "allreduce"
+            notes.append(f"{v.name}: {routes[v.name]}, not the parameter servers: {servers}")
+            continue
         if wanted is not None:
             routes[v.name] = wanted
         elif density is not None and v.name in density.choices:
@@ -519,6 +525,15 @@ def _replicated_only(v: VariableInfo) -> Optional[str]:
             return (f"its optimizer's update is dense ({', '.join(u.op_types)}: no sparse "
                     "apply, so every row would be written each step): the parameter "
                     "servers and sharded rows apply sparse updates only")
+    return None
+
+
+def _ps_problem(v: VariableInfo) -> Optional[str]:
+    """Why the parameter servers cannot hold trained variable `v` besides
+    `_replicated_only` (None: they can)."""
+    if v.adds_outside:
+        return (f"op {v.adds_outside[0]!r} adds to it outside the optimizer update, and "
+                "every worker runs it, so the servers would apply it once per worker")
     return None
 
 
@@ -657,6 +672,16 @@ def _ps_plan(v: VariableInfo, config: Config, n: int, parts) -> VariablePlan:
                 "Route it to 'allreduce' or 'allgather' (or leave its route to tfpar)"
                 if config.run_mode == "HYBRID" else
                 "Use run_mode 'HYBRID' (which allreduces or allgathers it) or 'AR'"))
+    servers = _ps_problem(v)
+    if servers:
+        raise NotYetSupportedError(
+            f"cannot put {v.name!r} on the parameter servers: {servers}. " + (
+                f"Write values there (assign, scatter_update), or route it to 'sharded' "
+                f"(each row has one writer), 'allgather' or 'allreduce': sparse_route="
+                f"{{{v.name!r}: 'sharded'}}" if config.run_mode == "HYBRID" and
+                v.kind == "sparse" else
+                "Write values there (assign, scatter_update), or use run_mode 'HYBRID' "
+                "(which allreduces, allgathers or shards it) or 'AR'"))
     for u in v.updates:
         if u.gradient.inexact:
             raise NotYetSupportedError(u.gradient.inexact)

@@ -53,6 +53,11 @@ def get_cluster(layout: Layout, liveness: Liveness, session_config=None,
     later runners of the same job reuse it.
     """
     global _CLUSTER
+    stopped = _CLUSTER is not None and getattr(_CLUSTER.liveness, "stopped_by", None)
+    if stopped:  # its parameter servers are gone: a runner would wait on them for ever
+        raise TfparError(f"an earlier error stopped this job's parameter servers ({stopped}):"
+                         " start the job again (a new process, or a new horovodrun) for "
+                         "another runner with parameter servers")
     if _CLUSTER is None:
         _CLUSTER = Cluster(layout, liveness, session_config, interface)
     elif _CLUSTER.layout != layout:

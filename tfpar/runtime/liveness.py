@@ -244,6 +244,7 @@ class Liveness:
         self.closing = False
         self.dying = False
         self._aborted = False
+        self.stopped_by: Optional[str] = None  # what stopped the job here (`abort`)
         self.hub_address = members[0]["hub"]
 
         now = time.monotonic()
@@ -597,6 +598,7 @@ class Liveness:
             return
         self.closing = self._aborted = True
         text = f"{self.describe(self.rank)} failed: {reason}"
+        self.stopped_by = text
         sys.stderr.write(f"tfpar: {text}; stopping the job\n")
         sys.stderr.flush()
         self._tell_everyone(f"DEAD {text}")

@@ -9,6 +9,10 @@ rewritten by those routes. The user's graph may use the variable outside the ste
   it computed. A tiled variable holds one value, so the workers must write the same one;
   an allgather of each value's fingerprint checks that every worker took part, and
   asserts that the values agree before anything is written.
+- writes of part of it (`partial_writes`: a scatter, a slice's assign: a padding row
+  kept zero): each worker applies a row scatter to the ids that fall in its rows, and
+  takes its tile of the value an n-d scatter or a slice's assign leaves on the whole;
+  checked alike (the fingerprints of the ids and values).
 - reads of its value (an evaluation's lookup, a norm, what `assign` returns): the whole
   variable gathered from the tiles (`collectives.whole`).
 
@@ -29,7 +33,7 @@ from tfpar.graph import initializers
 from tfpar.graph.naming import safe_name
 from tfpar.graph.row_reads import ASSIGNS, IGNORED, SAVES, is_restore, upstream
 from tfpar.partition.tiling.cuts import Tiling
-from tfpar.transform import collectives, surgery
+from tfpar.transform import collectives, partial_writes, surgery
 
 _READS = ("ReadVariableOp", "Identity", "RefIdentity")
 _RESOURCE_WRITES = {"AssignVariableOp": tf.raw_ops.AssignVariableOp,
@@ -67,7 +71,7 @@ class OutsideUses:
         for c in sorted(handle.consumers(), key=lambda op: op.name):
             if c.type in IGNORED or c.name in own_init or c.type in SAVES:
                 continue
-            if c.type in ASSIGNS:
+            if c.type in ASSIGNS or c.type in partial_writes.TYPES:
                 if c not in keep and not is_restore(c):
                     self.writes.append(c)
             elif c.type in _READS:
@@ -103,7 +107,8 @@ class OutsideUses:
             return wholes[key]
 
         for k, op in enumerate(self.writes):
-            done[op] = _write(op, tile, box, n, f"{scope}/write_{k}")
+            done[op] = _write(op, tile, box, tuple(shape), n, f"{scope}/write_{k}",
+                              lambda op=op: whole_after(op.control_inputs))
             replaced[op.name] = done[op]
             for x in graph.get_operations():
                 if x is not done[op] and op in x.control_inputs:
@@ -112,7 +117,7 @@ class OutsideUses:
                 if op.type == "Assign":  # the value written (the same on every worker)
                     with tf.control_dependencies([done[op]]):
                         new = tf.identity(op.inputs[1], name=f"{scope}/write_{k}/value")
-                else:  # assign_add/assign_sub: the sum, read back whole
+                else:  # any other write: the new value, read back whole
                     new = whole_after([op])
                 replaced[op.outputs[0].name] = new
                 surgery.replace_uses(op.outputs[0], new)
@@ -132,26 +137,38 @@ class OutsideUses:
         return replaced
 
 
-def _write(op: tf.Operation, tile: tf.Variable, box, n: int, scope: str) -> tf.Operation:
-    """`op`'s write of the whole variable done on this worker's `tile` (the `box` of it),
-    after every worker's value is checked to be the same."""
+def _write(op: tf.Operation, tile: tf.Variable, box, shape, n: int, scope: str,
+           whole) -> tf.Operation:
+    """`op`'s write of the variable (of `shape`) done on this worker's `tile` (the `box`
+    of it), after every worker's inputs to it are checked to be the same. whole(): the
+    whole variable's value before `op` (a collective: called only where needed)."""
     import horovod.tensorflow as hvd
-    value = op.inputs[1]
+    partial = op.type in partial_writes.TYPES
+    checked = partial_writes.inputs(op) if partial else [op.inputs[1]]
     with tf.control_dependencies(op.control_inputs), tf.compat.v1.name_scope(scope + "/"):
-        mine = tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(value, [1, -1])), tf.int64),
-                          [1])
+        mine = tf.concat([tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(t, [1, -1])),
+                                                tf.int64), [1]) for t in checked], 0)
         every = hvd.allgather(collectives.never_folded(mine),
                               name=f"tfpar_{safe_name(scope)}_fingerprints",
                               ignore_name_scope=True)
         same = tf.debugging.assert_equal(
-            every, tf.tile(mine, [n]), summarize=n, message=(
+            every, tf.tile(mine, [n]), summarize=n * len(checked), message=(
                 f"tfpar: the workers wrote different values to {op.inputs[0].op.name!r} "
                 f"(op {op.name!r}); its rows are split over the workers, so it holds one "
                 "value: write the same value on every worker (nothing was written)"))
         with tf.control_dependencies([same]):
-            piece = value[tuple(slice(lo, hi) for lo, hi in box)]
-            if op.type in _RESOURCE_WRITES:
-                write = _RESOURCE_WRITES[op.type](resource=tile.handle, value=piece)
+            if op.type in partial_writes.ROW_SCATTERS:
+                (lo, hi), columns = box[0], box[1:]
+                ids, rows = partial_writes.rows_in(op, shape[0], lo, hi, columns)
+                return tf.group(partial_writes.scatter(op, tile, ids, rows), name="done")
+            if partial:  # an n-d scatter or a slice's assign: this tile of its result
+                value = partial_writes.new_value(op, whole())
+                kind = "AssignVariableOp" if op.inputs[0].dtype == tf.resource else "Assign"
             else:
-                write = _REF_WRITES[op.type](tile, piece).op
+                value, kind = op.inputs[1], op.type
+            piece = value[tuple(slice(lo, hi) for lo, hi in box)]
+            if kind in _RESOURCE_WRITES:
+                write = _RESOURCE_WRITES[kind](resource=tile.handle, value=piece)
+            else:
+                write = _REF_WRITES[kind](tile, piece).op
         return tf.group(write, name="done")

@@ -32,7 +32,7 @@ from tfpar.graph.analysis import FUNCTIONAL, WRITES, reachable
 from tfpar.graph.row_reads import is_restore
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
-from tfpar.transform import surgery
+from tfpar.transform import partial_writes, surgery
 from tfpar.graph.naming import scope_name
 from tfpar.transform.stages import Markers
 from tfpar.transform.traffic import Traffic, nbytes
@@ -43,6 +43,10 @@ _DEAD_CONSUMERS = ("VarIsInitializedOp", "DestroyResourceOp", "IsVariableInitial
 _GATHERS = ("GatherV2", "Gather")
 _ASSIGNS = ("Assign", "AssignVariableOp", "AssignAdd", "AssignSub", "AssignAddVariableOp",
             "AssignSubVariableOp")
+# The fix named where a use of a variable cannot go to the parameter servers.
+_ANOTHER_ROUTE = ("take {name!r} off the parameter servers: run_mode='HYBRID' with "
+                  "sparse_route={{{name!r}: 'sharded'}} (or 'allgather'; a dense variable "
+                  "takes the allreduce there), or run_mode='AR'")
 
 
 def ps_device(task: int) -> str:
@@ -209,20 +213,22 @@ class _Rewriter:
 
         # Assignments first: whatever waited for one (a read after it) then waits for
         # the assignment of the parts.
-        consumers = sorted(handle.consumers(), key=lambda c: c.type not in _ASSIGNS)
+        consumers = sorted(handle.consumers(), key=lambda c: c.type not in _ASSIGNS + tuple(
+            partial_writes.TYPES))
         for c in consumers:
             if c in skip or c is initializer or c.type in _DEAD_CONSUMERS:
                 continue
             if c.type in _ASSIGNS and c.inputs[0] is handle and not is_restore(c):
                 self._rewire_assign(v, c)
                 continue
-            if c.type in WRITES:
+            if c.type in WRITES or c.type in partial_writes.TYPES:
                 if c in self._training_ops():
                     raise NotYetSupportedError(
                         f"variable {v.name!r} is written by op {c.name!r} ({c.type}) outside "
                         "its optimizer update; tfpar cannot yet move that write to the "
-                        "parameter servers: use run_mode='HYBRID' (if the variable is dense) "
-                        "or run_mode='AR'")
+                        "parameter servers: " + _ANOTHER_ROUTE.format(name=v.name))
+                if c.type in partial_writes.TYPES and not is_restore(c):
+                    self._rewire_partial_write(v, c, read_whole)
                 continue  # a write nothing in training runs (e.g. the saver's restore)
             scope = f"tfpar/{scope_name(v.name)}/{c.type}/"
             if c.type in ("ResourceGather",) + _GATHERS and c.inputs[0] is handle:
@@ -277,20 +283,51 @@ class _Rewriter:
             else:
                 raise NotYetSupportedError(
                     f"variable {v.name!r} is used by op {c.name!r} ({c.type}); tfpar cannot "
-                    "yet move such a use to the parameter servers: use run_mode='HYBRID' (if "
-                    "the variable is dense) or run_mode='AR'")
+                    "yet move such a use to the parameter servers: "
+                    + _ANOTHER_ROUTE.format(name=v.name))
 
-    def _rewire_assign(self, v: VariablePlan, op: tf.Operation):
+    def _rewire_partial_write(self, v: VariablePlan, op: tf.Operation, read_whole):
+        """A user's write of part of a PS variable outside the step (`partial_writes`: a
+        padding row kept zero by `scatter_update`, a row's `assign`) done on its parts.
+        Every worker runs it, so each part gets it from every worker: only a write that
+        repeats to the same result (a value, min, max) is right; an add is refused."""
+        if not partial_writes.repeatable(op):
+            raise NotYetSupportedError(
+                f"variable {v.name!r} lives on the parameter servers and op {op.name!r} "
+                f"({op.type}) changes part of it outside the optimizer update: every worker "
+                "runs it, so the servers would apply it once per worker. Write values "
+                "(scatter_update, a slice's assign), or " + _ANOTHER_ROUTE.format(name=v.name))
+        if op.type not in partial_writes.ROW_SCATTERS:
+            value = partial_writes.new_value(op, read_whole(op.control_inputs))
+            self._rewire_assign(v, op, value)
+            return
+        writes = []
+        scope = f"tfpar/{scope_name(v.name)}/{op.type}/"
+        for var, part in zip(self.parts[v.name], v.parts):
+            lo, hi = (0, v.shape[0]) if part.stop is None else (part.start, part.stop)
+            with tf.device(self.worker), tf.control_dependencies(op.control_inputs), \
+                    tf.compat.v1.name_scope(scope):
+                ids, rows = partial_writes.rows_in(op, v.shape[0], lo, hi)
+            with tf.device(ps_device(part.ps_task)), tf.compat.v1.name_scope(scope):
+                writes.append(partial_writes.scatter(op, var, ids, rows))
+        with tf.device(self.worker):
+            done = tf.group(*writes, name=scope + "done")
+        if op.outputs:  # a reference variable's scatter returns the new value
+            self._replace(op.outputs[0], read_whole([done]))
+        self._after_write(op, done)
+
+    def _rewire_assign(self, v: VariablePlan, op: tf.Operation, value=None):
         """A user's `assign` of a whole PS variable (e.g. a learning rate set through a
         placeholder) writes its parts on the parameter servers. Every worker that runs it
         writes the same value, as each would on one device. `assign_add`/`assign_sub` would
-        then add once per worker: refused."""
-        if op.type not in ("Assign", "AssignVariableOp"):
+        then add once per worker: refused. value: what a partial write leaves (default
+        what `op` assigns)."""
+        if value is None and op.type not in ("Assign", "AssignVariableOp"):
             raise NotYetSupportedError(
                 f"variable {v.name!r} lives on the parameter servers and op {op.name!r} "
                 f"({op.type}) adds to it outside the optimizer update: every worker would add "
                 "once. Use assign (a value every worker computes alike), or run_mode='AR'")
-        value = op.inputs[1]
+        value = op.inputs[1] if value is None else value
         assigns, news = [], []
         for var, part in zip(self.parts[v.name], v.parts):
             with tf.device(self.worker), tf.compat.v1.name_scope(
@@ -309,6 +346,11 @@ class _Rewriter:
             with tf.device(self.worker):
                 whole = news[0] if len(news) == 1 else tf.concat(news, 0)
             self._replace(op.outputs[0], whole)
+        self._after_write(op, done)
+
+    def _after_write(self, op: tf.Operation, done: tf.Operation):
+        """What waited for the user's write `op` waits for `done`, its redone write; a
+        fetch of `op` runs `done`."""
         for x in self.g.get_operations():
             if x is not done and op in x.control_inputs:
                 surgery.replace_control_inputs(x, [op], done)

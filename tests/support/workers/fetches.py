@@ -5,7 +5,9 @@ For each run mode (HYBRID, PS, and HYBRID with sharded rows) every worker builds
 `tfpar.get_runner`, the other to a plain session given the runner's initial values. Each
 fetch below runs through both with the worker's own rows; their results must be equal
 (assign-family results of resource and reference variables on a replicated, an
-allreduced, a parameter-server and a sharded variable, `tf.group` ops, an assignment's op,
+allreduced, a parameter-server and a sharded variable, writes of part of the embedding
+(scatter_update, a row's assign, scatter_nd_update; scatter_add where it is sharded),
+`tf.group` ops, an assignment's op,
 IndexedSlices and SparseTensor fetches, strings). Then a step is trained and the
 assignments are fetched again: a fed value's assignment gives that value whatever the
 training did. Writes OUT_DIR/<mode>/rank<r>.json with what was compared.
@@ -63,8 +65,14 @@ def build(sharded=False):
             "sums": [tf.reduce_sum(emb * 1.0), tf.reduce_sum(w * 1.0)],
         }
         h["assign_op"] = tf1.assign(lr, new_lr * 2.0).op
-        if sharded:
+        # Writes of part of the table between steps (a padding row kept zero, one row
+        # set, rows by n-d indices), each worker writing the same values.
+        h["scatter_emb"] = tf1.scatter_update(emb, [0, 7], new_emb[:2] * 0.0)
+        h["row_assign_emb"] = emb[2].assign(new_emb[3] + 1.0)
+        h["scatter_nd_emb"] = tf1.scatter_nd_update(emb, [[9], [4]], new_emb[:2] * 3.0)
+        if sharded:  # on the servers every worker's add would be applied: refused there
             h["assign_add_emb"] = tf1.assign_add(emb, new_emb)
+            h["scatter_add_emb"] = tf1.scatter_add(emb, [1, 8, 1], new_emb[:3])
         h["train"], h["vars"] = train, [emb, w, lr, counter, step]
     return graph, h
 
@@ -117,8 +125,11 @@ def main(out_dir):
                 v.load(value, session)
         order = ["assign_lr", "assign_add_counter", "assign_w", "assign_emb", "group",
                  "emb_gradient", "sparse", "string", "assign_op", "loss", "sums"]
+        order[order.index("assign_emb") + 1:order.index("assign_emb") + 1] = [
+            "scatter_emb", "row_assign_emb", "scatter_nd_emb"]
         if mode == "SHARDED":
-            order.insert(order.index("assign_emb") + 1, "assign_add_emb")
+            order[order.index("assign_emb") + 1:order.index("assign_emb") + 1] = [
+                "assign_add_emb", "scatter_add_emb"]
         compared = {}
 
         def both(key, trained=False):
@@ -128,6 +139,9 @@ def main(out_dir):
 
         for key in order:
             both(key)
+            # A write's result read back from the servers would show the next write of a
+            # worker ahead (as any read of them between steps does): in step, as a step is.
+            job.allgather_strings(key)
         # The variables after those assignments (read whole from wherever they live).
         compared["variables"] = [_plain(runner.run(h["vars"][:4])),
                                  _plain(session.run(p["vars"][:4]))]
@@ -144,17 +158,18 @@ def main(out_dir):
         for key in ("assign_w", "assign_emb", "assign_lr"):
             both(key, trained=True)
         if mode == "SHARDED":  # workers that write different values: refused, none written
-            var, key, placeholder, shape = h["vars"][0], "assign_emb", "new_emb:0", [10, 3]
-            before = runner.run(var)
-            differ = dict(feeds(graph, rank))
-            differ[graph.get_tensor_by_name(placeholder)] = np.full(shape, rank, np.float32)
-            try:
-                runner.run(h[key], differ)
-                outcome = "written"
-            except tf.errors.InvalidArgumentError as e:
-                outcome = "refused" if "write the same value" in e.message else e.message
-            compared["different_values"] = [outcome, "refused"]
-            compared["after_refusal"] = [_plain(runner.run(var)), _plain(before)]
+            var, placeholder, shape = h["vars"][0], "new_emb:0", [10, 3]
+            for key in ("assign_emb", "scatter_nd_emb", "scatter_add_emb"):
+                before = runner.run(var)
+                differ = dict(feeds(graph, rank))
+                differ[graph.get_tensor_by_name(placeholder)] = np.full(shape, rank, np.float32)
+                try:
+                    runner.run(h[key], differ)
+                    outcome = "written"
+                except tf.errors.InvalidArgumentError as e:
+                    outcome = "refused" if "write the same value" in e.message else e.message
+                compared[f"different_values_{key}"] = [outcome, "refused"]
+                compared[f"after_refusal_{key}"] = [_plain(runner.run(var)), _plain(before)]
         compared["plan"] = {v.name: v.route for v in runner.plan.variables}
         runner.close()
         session.close()
