@@ -120,6 +120,47 @@ def test_the_runner_is_a_session_where_tensorflow_checks_for_one(tmp_path):
             runner.partial_run_setup([loss])
 
 
+@pytest.mark.parametrize("route", ["ps", "sharded"])
+def test_a_savers_own_names_and_a_sharded_saver_work_through_the_runner(tmp_path, route):
+    """A Saver given a dict (its own names: a checkpoint from another model, as transfer
+    learning loads it) restores its variables through the runner under those names, on
+    the servers and sharded alike; a Saver(sharded=True) saves and restores on the
+    servers, and is refused clearly where a table is sharded (each worker holds rows).
+    Before, the first failed ('emb' is not in it) and the second failed inside
+    TensorFlow."""
+    def build():
+        g = tf.Graph()
+        with g.as_default():
+            emb = tf1.get_variable("emb", [6, 2], initializer=tf1.random_uniform_initializer(
+                seed=1))
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 4, 4]) ** 2)
+            train = tf1.train.AdagradOptimizer(0.1).minimize(loss)
+            named = tf1.train.Saver({"pretrained/table": emb})
+            sharded = tf1.train.Saver(sharded=True)
+        return g, emb, train, named, sharded
+
+    plain_g, plain_emb, _, plain_named, _ = build()  # the pretrained model's checkpoint
+    with tf1.Session(graph=plain_g) as sess:
+        sess.run(plain_emb.initializer)
+        sess.run(plain_emb.assign(tf.fill([6, 2], 0.25)))
+        pretrained = plain_named.save(sess, str(tmp_path / "pretrained"))
+    g, emb, train, named, sharded = build()
+    with tfpar.get_runner(g, config=tfpar.Config(sparse_route={"emb": route})) as runner:
+        runner.run(train)
+        named.restore(runner, pretrained)
+        np.testing.assert_array_equal(runner.run(emb), np.full([6, 2], 0.25))
+        if route == "sharded":
+            with pytest.raises(tfpar.TfparError, match="Saver cannot save this job's split"):
+                sharded.save(runner, str(tmp_path / "sharded"))
+            return
+        runner.run(train)
+        trained = runner.run(emb)
+        path = sharded.save(runner, str(tmp_path / "sharded"))
+        runner.run(train)
+        sharded.restore(runner, path)
+        np.testing.assert_array_equal(runner.run(emb), trained)
+
+
 def test_same_result_as_a_plain_session(built):
     graph, h = built
     with tfpar.get_runner(graph) as runner:

@@ -496,7 +496,9 @@ class Runner(surgery.session_base()):
 
         Every worker must call it (it ends with a broadcast from the chief). `path`: a
         prefix, or a folder (its latest checkpoint). `variables`: restore only these
-        variable names (default: all). Either every variable is restored or, when the
+        variable names (default: all), or a dict {variable name: its name in the
+        checkpoint} (a Saver given a `var_list` dict names them its own way; None: its
+        own name, or for a part of a partitioned variable the whole one's). Either every variable is restored or, when the
         checkpoint lacks one or has another shape, none is and a TfparError says which.
         Returns the prefix restored. Each worker's `tf.data` position is restored too when
         every worker saved its own with this worker count (see `save`).
@@ -504,7 +506,10 @@ class Runner(surgery.session_base()):
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
         entries = self._entries
-        if variables is not None:
+        if isinstance(variables, dict):  # the checkpoint's names for them
+            entries = tuple(dataclasses.replace(e, key=variables[e.name] or e.key)
+                            for e in entries if e.name in variables)
+        elif variables is not None:
             wanted = set(variables)
             entries = tuple(e for e in entries if e.name in wanted)
         status, values, prefix = "", None, ""
@@ -890,7 +895,8 @@ class Runner(surgery.session_base()):
 
 
 _RESTORE_OP = re.compile(r"(^|/)save(_\d+)?/restore_all$")
-_SAVE_OP = re.compile(r"(^|/)save(_\d+)?/control_dependency(_\d+)?$")
+# The tensor a Saver's save fetches (a sharded Saver's: its Identity).
+_SAVE_OP = re.compile(r"(^|/)save(_\d+)?/(control_dependency(_\d+)?|Identity)$")
 
 
 # TF1 control flow: ops behind a Switch may not run, and ops in a while frame run any
@@ -932,6 +938,21 @@ def is_saver_op(name: str) -> bool:
     return bool(_RESTORE_OP.search(op) or _SAVE_OP.search(op))
 
 
+def _checkpoint_key(value: tf.Tensor) -> Optional[str]:
+    """The checkpoint name a Saver's restore reads `value` from (an output of its
+    RestoreV2, through identities), or None."""
+    while value.op.type == "Identity":
+        value = value.op.inputs[0]
+    if value.op.type not in ("RestoreV2", "RestoreSlice", "Restore"):
+        return None
+    names = tf.get_static_value(value.op.inputs[1])
+    if names is None:
+        return None
+    names = np.atleast_1d(names)
+    key = names[value.value_index if value.op.type == "RestoreV2" else 0]
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
 class _SessionView(surgery.session_base()):
     """The runner's session as `tf.compat.v1.train.Saver` sees it (see Runner.session)."""
 
@@ -969,10 +990,11 @@ class _SessionView(surgery.session_base()):
             raise
 
     def _restored_variables(self, restore_op_name: str):
-        """The variables a Saver's restore op writes (its var_list)."""
+        """The variables a Saver's restore op writes (its var_list), as a dict {variable
+        name: its name in the checkpoint} (a Saver given a dict names them its own way)."""
         graph = self._graph
         op = graph.get_operation_by_name(restore_op_name.split(":")[0])
-        names, stack, seen = set(), [op], set()
+        names, stack, seen = {}, [op], set()
         while stack:
             x = stack.pop()
             if x in seen:
@@ -980,11 +1002,11 @@ class _SessionView(surgery.session_base()):
             seen.add(x)
             if x.type in ("Assign", "AssignVariableOp") and x.inputs[0].op.type in (
                     "VariableV2", "VarHandleOp"):
-                names.add(x.inputs[0].op.name)
+                names[x.inputs[0].op.name] = _checkpoint_key(x.inputs[1])
             stack.extend(x.control_inputs)
             stack.extend(t.op for t in x.inputs if t.op.type in ("NoOp", "Identity", "Assign",
                                                                   "AssignVariableOp"))
-        return sorted(names) or None
+        return dict(sorted(names.items())) or None
 
     def partial_run_setup(self, *args, **kwargs):
         return self._session.partial_run_setup(*args, **kwargs)
