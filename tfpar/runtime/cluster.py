@@ -66,6 +66,22 @@ def get_cluster(layout: Layout, liveness: Liveness, session_config=None,
     return _CLUSTER
 
 
+_GENERATION = 0  # PS runners made by this process
+
+
+def next_generation() -> int:
+    """A number for the next runner's shared PS state, equal on every worker (a
+    collective; taken before the rewrite, so before any server starts)."""
+    global _GENERATION
+    _GENERATION += 1
+    seen = set(job.allgather_strings(str(_GENERATION)))
+    if len(seen) != 1:
+        raise TfparError(f"workers created different numbers of tfpar runners "
+                         f"({', '.join(sorted(seen))}): every worker must call "
+                         "tfpar.get_runner the same number of times")
+    return _GENERATION
+
+
 def current() -> Optional["Cluster"]:
     """The cluster this process started, if any."""
     return _CLUSTER
@@ -103,7 +119,6 @@ class Cluster:
             {"worker": [m.worker for m in self.members], "ps": self.ps_addresses})
 
         self.config = self.session_config(session_config)
-        self._generation = 0
 
         if ps_hold is not None:
             ps_hold.close()
@@ -141,16 +156,6 @@ class Cluster:
         del config.device_filters[:]
         config.device_filters.extend(["/job:ps", f"/job:worker/task:{self.rank}"])
         return config
-
-    def next_generation(self) -> int:
-        """A number for the next runner's shared PS state, equal on every worker."""
-        self._generation += 1
-        seen = set(job.allgather_strings(str(self._generation)))
-        if len(seen) != 1:
-            raise TfparError(f"workers created different numbers of tfpar runners "
-                             f"({', '.join(sorted(seen))}): every worker must call "
-                             "tfpar.get_runner the same number of times")
-        return self._generation
 
     @property
     def num_ps(self) -> int:

@@ -225,17 +225,23 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
     cluster = ps = None
     live = liveness.current()
     stage = live.stage if live is not None else (lambda text: None)
-    if plan.num_ps:
-        from tfpar.runtime.cluster import get_cluster  # only PS jobs start servers
-        stage("starting the parameter servers")
-        cluster = get_cluster(layout, live, session_config, config.interface)
     try:
         stage("rewriting the graph")
+        if plan.num_ps:  # only PS jobs start servers: after the rewrite, which may refuse
+            from tfpar.runtime import cluster as ps_cluster
         done = rewrite(rewritten, plan, rank,
-                       f"tfpar/r{cluster.next_generation()}" if cluster else None)
+                       f"tfpar/r{ps_cluster.next_generation()}" if plan.num_ps else None)
         ps, tiled = done.ps, done.tiled
         init = job.init_op(rewritten)
         broadcast = job.broadcast_op(rewritten)
+    except BaseException as e:
+        if live:
+            live.abort(_reason(e))
+        raise
+    if plan.num_ps:
+        stage("starting the parameter servers")
+        cluster = ps_cluster.get_cluster(layout, live, session_config, config.interface)
+    try:
         session = tf.compat.v1.Session(
             target=cluster.target if cluster else "", graph=rewritten,
             config=cluster.session_config(session_config) if cluster else session_config)
