@@ -24,6 +24,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tfpar.graph.analysis import ACCUMULATING_WRITES
+
 tf1 = tf.compat.v1
 
 # op type -> the tf.compat.v1 function that redoes it on another variable (ref or resource)
@@ -45,8 +47,9 @@ _SLICE_MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask",
 
 
 def repeatable(op: tf.Operation) -> bool:
-    """Whether `op` done twice with the same inputs leaves what it leaves done once."""
-    return op.type in SLICE_ASSIGNS or op.type.endswith(("Update", "Min", "Max"))
+    """Whether `op` done twice with the same inputs leaves what it leaves done once (it
+    writes values, a min or a max, not an amount)."""
+    return op.type not in ACCUMULATING_WRITES
 
 
 def inputs(op: tf.Operation) -> List[tf.Tensor]:
