@@ -63,6 +63,10 @@ def MonitoredTrainingSession(checkpoint_dir: Optional[str] = None, hooks=None,  
         save_summaries_steps, save_summaries_secs = 100, None
     save_summaries_steps = None if save_summaries_steps is USE_DEFAULT else save_summaries_steps
     save_summaries_secs = None if save_summaries_secs is USE_DEFAULT else save_summaries_secs
+    if isinstance(config, Config) or not isinstance(tfpar_config, (Config, type(None))):
+        raise TfparError(
+            "MonitoredTrainingSession's config is the session's tf.compat.v1.ConfigProto, as "
+            "in TensorFlow; give the tfpar.Config as tfpar_config=tfpar.Config(...)")
     tfpar_config = tfpar_config or Config()
     if config is not None:
         import dataclasses
@@ -137,8 +141,10 @@ def _built_scaffold(graph: tf.Graph, scaffold):
         saver = scaffold.saver or train.Saver(allow_empty=True)
         if not graph.get_collection(tf.compat.v1.GraphKeys.SAVERS):
             graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
-    return train.Scaffold(init_fn=scaffold.init_fn, summary_op=summary_op, saver=saver,
-                          copy_from_scaffold=None)
+    # A Scaffold's `init_fn` is the user's function bound to it: it takes the session.
+    user_init = scaffold.init_fn
+    return train.Scaffold(init_fn=(lambda _, session: user_init(session)) if user_init else None,
+                          summary_op=summary_op, saver=saver, copy_from_scaffold=None)
 
 
 class AgreedSummarySaverHook(train.SessionRunHook):
@@ -277,7 +283,7 @@ class MonitoredSession:
                 log.info("tfpar: resumed from %s at step %d", self.resumed_from,
                          self.resumed_at)
             elif scaffold.init_fn is not None:
-                scaffold.init_fn(scaffold, self._user_session)
+                scaffold.init_fn(self._user_session)
             self._last_save = (self._global_step(), time.time())
             if checkpoint_dir and runner.is_chief:  # the user's graph, as TF writes it
                 tf.io.write_graph(graph.as_graph_def(add_shapes=True), checkpoint_dir,
