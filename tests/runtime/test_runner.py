@@ -149,6 +149,9 @@ def test_a_savers_own_names_and_a_sharded_saver_work_through_the_runner(tmp_path
         runner.run(train)
         named.restore(runner, pretrained)
         np.testing.assert_array_equal(runner.run(emb), np.full([6, 2], 0.25))
+        runner.run(train)
+        runner.restore(pretrained, {"emb": "pretrained/table"})  # the same, by hand
+        np.testing.assert_array_equal(runner.run(emb), np.full([6, 2], 0.25))
         if route == "sharded":
             with pytest.raises(tfpar.TfparError, match="Saver cannot save this job's split"):
                 sharded.save(runner, str(tmp_path / "sharded"))
