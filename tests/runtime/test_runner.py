@@ -389,38 +389,57 @@ def test_hybrid_on_one_worker_runs_a_real_parameter_server():
         assert runner.ps_pushes() == {"emb/part_0": 1}
 
 
-def test_a_run_of_part_of_the_servers_updates_is_refused():
-    """The servers' step applies every PS variable's update together: a run of one of two
-    train ops that update variables there (a GAN's alternating steps) is refused, naming
-    both sides and the fix, before anything runs; the two together train, and a run
-    reaching no update there (the discriminator on allreduce) is not concerned."""
+def test_train_ops_run_by_turns_each_take_their_own_servers_step():
+    """A GAN's generator and discriminator, trained by turns with variables on the
+    servers: each minimize() result is an update group of its own (the plan says so),
+    with its own servers' step, and the variables after turns equal a plain session's.
+    A run of part of a group's updates there (one table's update op alone) is refused,
+    naming both sides and the fix, before anything runs."""
     def gan():
         g = tf.Graph()
         with g.as_default():
+            tf1.set_random_seed(7)
             ids = tf1.placeholder(tf.int64, [None])
+            real = tf1.placeholder(tf.float32, [None, 1])
             gen = tf1.get_variable("gen", [6, 2], use_resource=True)
             disc = tf1.get_variable("disc", [6, 2], use_resource=True)
+            disc2 = tf1.get_variable("disc2", [6, 2], use_resource=True)
             dense = tf1.get_variable("dense", [2, 1], use_resource=True)
-            lookups = tf.nn.embedding_lookup(gen, ids) * tf.nn.embedding_lookup(disc, ids)
-            loss = tf.reduce_sum(tf.matmul(lookups, dense))
-            g_train = tf1.train.AdagradOptimizer(0.1).minimize(loss, var_list=[gen])
-            d_train = tf1.train.AdagradOptimizer(0.1).minimize(-loss, var_list=[disc, dense])
-        return g, ids, g_train, d_train, gen
+            fake = tf.matmul(tf.nn.embedding_lookup(gen, ids), dense)
+            judged = tf.matmul(tf.nn.embedding_lookup(disc, ids)
+                               + tf.nn.embedding_lookup(disc2, ids), dense)
+            g_loss = tf.reduce_sum(fake * judged)
+            d_loss = tf.reduce_sum(tf.square(judged - real)) - g_loss
+            g_train = tf1.train.AdagradOptimizer(0.1).minimize(g_loss, var_list=[gen])
+            d_train = tf1.train.AdamOptimizer(0.1).minimize(d_loss,
+                                                            var_list=[disc, disc2, dense])
+            init = tf1.global_variables_initializer()
+        return g, dict(ids=ids, real=real, g_train=g_train, d_train=d_train, init=init,
+                       variables=[gen, disc, disc2, dense])
 
-    g, ids, g_train, d_train, gen = gan()
-    with tfpar.get_runner(g) as runner:  # HYBRID: both tables on the servers
-        before = runner.run(gen)
-        with pytest.raises(tfpar.TfparError, match=r"this run updates \['gen'\] on the "
-                                                   r"parameter servers but not \['disc'\].*"
-                                                   r"tf.group"):
-            runner.run(g_train, {ids: [1, 2]})
-        np.testing.assert_array_equal(runner.run(gen), before)  # nothing ran
-        runner.run([g_train, d_train], {ids: [1, 2]})
-        assert not np.allclose(runner.run(gen), before)
-    g, ids, g_train, d_train, _ = gan()
-    with tfpar.get_runner(g, config=tfpar.Config(sparse_route={"gen": "ps", "disc": "allgather"})) as runner:
-        runner.run(g_train, {ids: [1, 2]})
-        runner.run(d_train, {ids: [1, 2]})
+    def turns(run, h):
+        for step in range(3):
+            run(h["d_train"], {h["ids"]: [step, 2, 5], h["real"]: [[1.0], [0.5], [-1.0]]})
+            run(h["g_train"], {h["ids"]: [1, step]})  # no real input: d's alone needs it
+        return [run(v) for v in h["variables"]]
+
+    g, h = gan()
+    with tf1.Session(graph=g) as session:
+        session.run(h["init"])
+        expected = turns(session.run, h)
+    g, h = gan()
+    with tfpar.get_runner(g) as runner:  # HYBRID: the tables on the servers
+        assert runner.plan.update_groups == (("gen",), ("disc", "disc2", "dense"))
+        assert "updated by different runs" in runner.plan.table()
+        before = runner.run("disc")
+        part = list(runner.plan.variable("disc").gradients[0].ops)  # disc's update alone
+        with pytest.raises(tfpar.TfparError, match=r"this run updates \['disc'\] on the "
+                                                   r"parameter servers but not \['disc2'\]"):
+            runner.run(part, {h["ids"]: [1, 2], h["real"]: [[1.0], [0.5]]})
+        np.testing.assert_array_equal(runner.run("disc"), before)  # nothing ran
+        got = turns(runner.run, h)
+    for want, have in zip(expected, got):
+        np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
 
 
 def test_assign_results_and_unmappable_fetches(built):

@@ -78,6 +78,8 @@ FUNCTIONAL = {  # op type -> (function attrs, offset of the first input passed t
 }
 PASS_THROUGH = frozenset({"Enter", "RefEnter", "Switch", "RefSwitch", "Merge", "RefMerge",
                           "Identity", "RefIdentity", "NextIteration", "RefNextIteration"})
+_DANGLING = frozenset({"ReadVariableOp", "Identity", "RefIdentity", "IsVariableInitialized",
+                       "VarIsInitializedOp"})
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "VariableShape", "Size", "Rank", "Const"})
 
 
@@ -378,7 +380,34 @@ class _Analyser:
             tf.compat.v1.GraphKeys.TRAIN_OP) if isinstance(op, tf.Operation))
         return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops,
                              tuple(blockers), training_batch_norms(self.graph),
-                             unsynced_batch_norms(self.graph))
+                             unsynced_batch_norms(self.graph), self._update_groups(result))
+
+    def _update_groups(self, variables) -> Tuple[Tuple[str, ...], ...]:
+        """`GraphAnalysis.update_groups`: the trained variables grouped by the last ops
+        after their updates (ops that nothing reads or waits for: what a user runs, such as
+        `minimize()`'s result or a `tf.group` of several). Variables after the same such
+        ops are one group; a GAN's two `minimize()` results, run by turns, make two."""
+        control_out = collections.defaultdict(list)
+        for op in self.ops:
+            for dep in op.control_inputs:
+                control_out[dep].append(op)
+
+        def after(op):
+            return [c for t in op.outputs for c in t.consumers()] + control_out[op]
+
+        # Not what a user runs: an optimizer's own reads after its updates (an assign's
+        # read_value that nothing reads), or any read or copy left dangling.
+        scopes = tuple(u.scope for v in variables for u in v.updates if u.scope)
+        groups: Dict[frozenset, List[str]] = {}
+        for v in variables:
+            if v.role != "trained":
+                continue
+            ops = [self.graph.get_operation_by_name(n) for u in v.updates for n in u.ops]
+            ends = frozenset(x.name for x in reachable(ops, after)
+                             if not after(x) and x.type not in _DANGLING
+                             and not x.name.startswith(scopes))
+            groups.setdefault(ends, []).append(v.name)
+        return tuple(tuple(g) for g in groups.values())
 
     @staticmethod
     def _adds_outside(var_op, step_ops) -> Tuple[str, ...]:

@@ -107,6 +107,9 @@ class GraphAnalysis:
     blockers: Tuple[Blocker, ...] = ()  # what tfpar cannot handle in this graph, each with its fix
     batch_norms: Tuple[str, ...] = ()  # batch-norm ops in training mode (batch statistics)
     unsynced_batch_norms: Tuple[str, ...] = ()  # batch statistics not taken globally
+    # The trained variables in groups whose updates every run that updates one of them
+    # updates all of (a GAN's generator and discriminator, trained by turns, are two).
+    update_groups: Tuple[Tuple[str, ...], ...] = ()
 
     @property
     def trained(self) -> Tuple[VariableInfo, ...]:

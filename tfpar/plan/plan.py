@@ -117,6 +117,10 @@ class Plan:
     # the step's allreduced gradients travel in route "allgather"'s allgather, each worker
     # summing everyone's (Config.allreduce_by_allgather): one collective a step
     allreduce_by_allgather: bool = False
+    # The trained variables in groups that are updated by different runs (a GAN's
+    # generator and discriminator, by turns): each group's collectives are packed and its
+    # servers' step synchronised apart. () when every update runs together.
+    update_groups: Tuple[Tuple[str, ...], ...] = ()
 
     @property
     def num_ps(self) -> int:
@@ -173,6 +177,16 @@ class Plan:
             dataclasses.replace(v, predicted_bytes=predicted[v.name]) if v.name in predicted
             else v for v in self.variables))
 
+    def group_of(self, name: str) -> int:
+        """The update group (index in `update_groups`) of a trained variable or its slot."""
+        for v in self.variables:
+            if v.name == name and v.slot_of is not None:
+                name = v.slot_of
+        for k, group in enumerate(self.update_groups):
+            if name in group:
+                return k
+        return 0
+
     def variable(self, name: str) -> VariablePlan:
         for v in self.variables:
             if v.name == name:
@@ -225,6 +239,7 @@ class Plan:
         return cls(**{**d, "hosts": tuple(tuple(h) for h in d["hosts"]), "variables": variables,
                       "notes": tuple(d.get("notes", ())),
                       "batch_norms": tuple(d.get("batch_norms", ())),
+                      "update_groups": tuple(tuple(g) for g in d.get("update_groups", ())),
                       "tiling": TilingPlan.from_dict(d["tiling"]) if d.get("tiling") else None,
                       "routing": Routing.from_dict(d["routing"]) if d.get("routing") else None,
                       "partition_search": None if d.get("partition_search") is None else {
@@ -298,6 +313,9 @@ class Plan:
             if self.ids_ahead:
                 lines.append("sharded lookups: each batch's ids go to their owners during the "
                              "step before (the input is read a step ahead)")
+        if self.update_groups:
+            lines.append("updated by different runs, each group's collectives and servers' "
+                         "step apart: " + "; ".join(", ".join(g) for g in self.update_groups))
         if self.tiling:
             lines.append(self.tiling.table())
         return "\n".join(lines + [f"note: {n}" for n in self.notes])

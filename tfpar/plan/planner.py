@@ -125,10 +125,13 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                      "training=<a tensor>, or a mean named as tf.nn.moments's but not built "
                      "by it); fused batch norms, tf.nn.moments and Keras's training "
                      "tensor's tf.cond are normalised over the global batch")
+    groups = _update_groups(analysis, variables)
     ids_ahead = False
     if config.ids_ahead:
         sparse = [v for v in variables if v.slot_of is None and v.kind == "sparse"]
         why = ("no variable is on route 'sharded'" if not sharded else
+               "the variables are updated by different runs (the batch read ahead would "
+               "be read by another run)" if groups else
                "a sparse variable is not on route 'sharded'"
                if any(v.route != "sharded" for v in sparse) else
                "local aggregation is on (its host exchange needs the ids in the step)"
@@ -145,7 +148,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     return dataclasses.replace(plan, sync=config.sync or not on_ps, notes=tuple(notes),
                                local_aggregation=local_aggregation, routing=density,
                                batch_norms=batch_norms, ids_ahead=ids_ahead,
-                               allreduce_by_allgather=folded)
+                               allreduce_by_allgather=folded, update_groups=groups)
 
 
 def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
@@ -180,6 +183,15 @@ def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
                  f"{sum(sizes):,.0f} bytes of allreduced gradients take {1e3 * delta:+.3f} ms "
                  "in the allgather against their own allreduce (its round and bytes)")
     return on
+
+
+def _update_groups(analysis: GraphAnalysis, variables) -> Tuple[Tuple[str, ...], ...]:
+    """Plan.update_groups: the analysis's groups of the variables the plan trains, or ()
+    where one run updates them all."""
+    trained = {v.name for v in variables if v.gradients and v.slot_of is None}
+    groups = tuple(g for g in (tuple(n for n in group if n in trained)
+                               for group in analysis.update_groups) if g)
+    return groups if len(groups) > 1 else ()
 
 
 def _ahead(config: Config) -> bool:

@@ -276,7 +276,7 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
                   broadcast=broadcast, entries=entries, assigner=assigner,
                   liveness=live if hvd.size() > 1 else None,
                   tiles=tiled.tiles if tiled is not None else None,
-                  stages=done.stages.reads, ahead=done.ahead,
+                  stages=done.stages.reads, stage_groups=done.stages.groups, ahead=done.ahead,
                   replaced=tiled.replaced if tiled is not None else None)
 
 
@@ -308,10 +308,11 @@ class Runner(surgery.session_base()):
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
                  source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
                  broadcast=None, entries=(), assigner=None, liveness=None, tiles=None,
-                 stages=None, ahead=None, replaced=None):
+                 stages=None, ahead=None, replaced=None, stage_groups=None):
         self._session = session
         self._liveness = liveness
         self._stages = dict(stages or {})  # stage -> its markers' values (see _where)
+        self._stage_groups = dict(stage_groups or {})  # stage -> each marker's update group
         self._steps = 0  # training steps this runner finished
         if liveness is not None:
             liveness.set_probe(self._where)
@@ -323,7 +324,7 @@ class Runner(surgery.session_base()):
                          if op.type.startswith(("Apply", "ResourceApply", "SparseApply",
                                                 "ResourceSparseApply"))}
         if ps is not None:
-            self._updates.add(ps.step.name)
+            self._updates.update(step.name for step in ps.steps.values())
         self._collective = self._updates | {op.name for op in graph.get_operations()
                                             if op.type.startswith("Horovod")}
         self._is_step_cache: Dict[tuple, bool] = {}
@@ -340,12 +341,16 @@ class Runner(surgery.session_base()):
         self._session_view = None
         self._trial = trial
         self._ps = ps
-        # {update op of the user's graph: its variable} for the variables on the servers,
-        # which one step of the servers' protocol updates together (see run).
-        self._ps_updates = {op: v.name for v in plan.variables if v.route == "ps"
-                            and v.slot_of is None for g in v.gradients for op in g.ops} \
-            if ps is not None and source_graph is not None else {}
-        self._partial_runs: Dict[tuple, Optional[str]] = {}
+        # {update op of the user's graph: (its variable, its update group)}: a run updates
+        # whole groups (Plan.update_groups), each with its collectives and servers' step.
+        self._update_groups = {op: (v.name, plan.group_of(v.name)) for v in plan.variables
+                               if v.slot_of is None for g in v.gradients for op in g.ops} \
+            if source_graph is not None else {}
+        self._ps_variables = {v.name for v in plan.variables if v.route == "ps"} \
+            if ps is not None else set()
+        self._runs_groups: Dict[tuple, Tuple[frozenset, Optional[str]]] = {}
+        self._group_steps = [0] * max(1, len(plan.update_groups))  # each group's steps (see _where)
+        self._running: frozenset = frozenset()  # the groups of the step that runs
         self._replaced = dict(ps.replaced) if ps is not None else {}
         self._replaced.update(replaced or {})  # split variables' writes and reads outside the step
         self._counters = counters(graph)
@@ -565,8 +570,7 @@ class Runner(surgery.session_base()):
             feeds = {getattr(k, "name", k): v for k, v in (feed_dict or {}).items()}
             return self.session.run(name, feeds, options, run_metadata)
         mapped = tf.nest.map_structure(self._element, fetches)
-        if self._ps_updates:
-            self._check_whole_ps_step(fetches)
+        groups = self._groups_of_run(fetches)
         feeds = None
         if feed_dict:
             feeds = {self._element(k, feed=True): v for k, v in feed_dict.items()}
@@ -579,6 +583,7 @@ class Runner(surgery.session_base()):
                     "tensor; feed an input of your own (a placeholder) or leave ids_ahead "
                     "False")
         step = self._is_step(mapped)
+        self._running = groups
         # A run of initialisers (global_variables_initializer(), Variable.load) is followed
         # by setting every worker's variables to the chief's (tfpar.runtime.reinitialise).
         reinit = self._reinitialise.reached(_fetched_ops(mapped))
@@ -602,6 +607,8 @@ class Runner(surgery.session_base()):
                 self._liveness.step_finished(input_ended=ended)
         if step:
             self._steps += 1
+            for group in groups:
+                self._group_steps[group] += 1
             if self._autosave is not None:
                 self._autosave_due()
         return out
@@ -612,10 +619,13 @@ class Runner(surgery.session_base()):
     def partial_run(self, *args, **kwargs):
         raise TfparError("partial_run is not supported through tfpar")
 
-    def _check_whole_ps_step(self, fetches):
-        """Refuses a run that updates some of the variables on the parameter servers but
-        not all: the servers' step (pushes, the chief's updates, the token) applies them
-        together, so it would apply the others too (a GAN's alternating train ops)."""
+    def _groups_of_run(self, fetches) -> frozenset:
+        """The update groups (Plan.update_groups) a run of `fetches` updates. Refuses a
+        run that updates some of a group's variables on the parameter servers but not all:
+        the group's servers' step (pushes, the chief's updates, the token) applies them
+        together, so it would apply the others too."""
+        if not self._update_groups:
+            return frozenset(range(len(self._group_steps)))
         ops = []
         for x in tf.nest.flatten(fetches, expand_composites=True):
             if isinstance(x, str):
@@ -628,20 +638,25 @@ class Runner(surgery.session_base()):
             if isinstance(x, tf.Operation) and x.graph is self._source:
                 ops.append(x)
         key = tuple(op.name for op in ops)
-        if key not in self._partial_runs:
-            reached = {self._ps_updates[op.name] for op in upstream(ops)
-                       if op.name in self._ps_updates}
-            missing = sorted(set(self._ps_updates.values()) - reached)
-            self._partial_runs[key] = None if not reached or not missing else (
-                f"this run updates {sorted(reached)} on the parameter servers but not "
-                f"{missing}: tfpar's parameter-server step applies the updates of every "
-                "variable on the servers together, so it would update those too (train "
-                "ops run one at a time, as a GAN's). Run the updates together "
-                "(tf.group), or give the variables of one of them a replicated route: "
-                "Config(sparse_route={name: 'allgather', ...}) in HYBRID, run_mode 'AR' "
-                "for dense ones")
-        if self._partial_runs[key]:
-            raise TfparError(self._partial_runs[key])
+        if key not in self._runs_groups:
+            reached = {self._update_groups[op.name] for op in upstream(ops)
+                       if op.name in self._update_groups}
+            groups = frozenset(group for _, group in reached)
+            on_ps = {name for name, _ in reached} & self._ps_variables
+            missing = sorted({name for name, group in self._update_groups.values()
+                              if group in groups and name in self._ps_variables} - on_ps)
+            self._runs_groups[key] = (groups, None if not on_ps or not missing else (
+                f"this run updates {sorted(on_ps)} on the parameter servers but not "
+                f"{missing}, which every other run that updates them updates with them: "
+                "tfpar's parameter-server step applies their updates together, so it would "
+                "update those too. Run what the other runs run (an optimizer's minimize() "
+                "result or a tf.group of them), or give the variables of one of them a "
+                "replicated route: Config(sparse_route={name: 'allgather', ...}) in "
+                "HYBRID, run_mode 'AR' for dense ones"))
+        groups, refusal = self._runs_groups[key]
+        if refusal:
+            raise TfparError(refusal)
+        return groups
 
     def make_callable(self, fetches, feed_list=None, accept_options=False):
         """Like `tf.compat.v1.Session.make_callable`: a function of the values of
@@ -700,7 +715,11 @@ class Runner(surgery.session_base()):
             return ""
         counts = self._session.run(self._stages, options=tf.compat.v1.RunOptions(
             timeout_in_ms=5000))
-        return stages.describe(counts, self._steps)
+        if len(self._group_steps) < 2:
+            return stages.describe(counts, self._steps)
+        done = {stage: [self._group_steps[g] if g in self._running else None
+                        for g in self._stage_groups.get(stage, ())] for stage in counts}
+        return stages.describe(counts, done)
 
     def _is_step(self, mapped) -> bool:
         """Whether running `mapped` is a training step: it reaches an update."""

@@ -6,6 +6,7 @@ gradient exactly as single-device training on the concatenated batch would.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Callable, Dict, List, Optional
@@ -35,7 +36,8 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
         for v in plan.variables:
             for k, g in enumerate(v.gradients):
                 scope = f"tfpar/{v.route}/{safe_name(v.name)}_{k}/"
-                with tf.compat.v1.name_scope(scope):
+                group = plan.group_of(v.name)
+                with tf.compat.v1.name_scope(scope), _of_group(traffic, group):
                     values = graph.get_tensor_by_name(g.values)
                     indices = None if g.indices is None else graph.get_tensor_by_name(g.indices)
                     average = v.reduction == "average"
@@ -43,13 +45,13 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                         flagged = _flagged_sums(values, indices, v.shape[0])
                         finish = functools.partial(_touched_rows, values, indices, average, n)
                         if plan.allreduce_by_allgather:
-                            gathered.append(_Gathered(scope, flagged, None, finish))
+                            gathered.append(_Gathered(scope, flagged, None, finish, group))
                             continue
                         combined = finish(_allreduce_sum(flagged, n, traffic, "allreduce_rows"))
                     elif v.route == "allreduce":
                         if plan.allreduce_by_allgather:
                             gathered.append(_Gathered(scope, values, None, functools.partial(
-                                _averaged, values, average, n)))
+                                _averaged, values, average, n), group))
                             continue
                         combined = {values: allreduce(values, average, n, traffic)}
                     elif v.route == "allgather":
@@ -57,7 +59,8 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
                                                      if g.sum_duplicates else (values, indices))
                         gathered.append(_Gathered(scope, sent_values, sent_indices,
                                                   functools.partial(_gathered_rows, values,
-                                                                    indices, average, n)))
+                                                                    indices, average, n),
+                                                  group))
                         continue
                     else:
                         continue
@@ -76,6 +79,7 @@ class _Gathered:
     sent: tf.Tensor
     ids: Optional[tf.Tensor]
     finish: Callable
+    group: int = 0  # Plan.update_groups: packed only with the tensors of its group
 
 
 def _replace(combined, scope, replaced: Dict[str, str]) -> None:
@@ -90,14 +94,17 @@ def _replace(combined, scope, replaced: Dict[str, str]) -> None:
 def _allgathered(gathered: List[_Gathered], n: int, traffic: Optional[Traffic]):
     """The step's allgathered tensors, one allgather per dtype (`packed.allgather_many`:
     two or three rounds a step fewer than Horovod's own, which gathers rows and each width
-    of ids apart; with `Plan.allreduce_by_allgather` the allreduce's round too). A tensor
-    summed over the workers is summed in rank order, the same sum on every worker. Yields
+    of ids apart; with `Plan.allreduce_by_allgather` the allreduce's round too) and update
+    group (a run of one group must not wait for another's gradients). A tensor summed
+    over the workers is summed in rank order, the same sum on every worker. Yields
     ({old tensor: combined}, the scopes whose uses keep the old one)."""
-    by_dtype: Dict[tf.DType, List[_Gathered]] = {}
+    by_dtype: Dict[tuple, List[_Gathered]] = {}
     for item in gathered:
-        by_dtype.setdefault(item.sent.dtype.base_dtype, []).append(item)
-    for dtype, items in sorted(by_dtype.items(), key=lambda kv: kv[0].name):
-        scope = f"tfpar/allgather/packed_{dtype.name}/"
+        by_dtype.setdefault((item.group, item.sent.dtype.base_dtype), []).append(item)
+    for (group, dtype), items in sorted(by_dtype.items(), key=lambda kv: (kv[0][0],
+                                                                             kv[0][1].name)):
+        tag = dtype.name + (f"_group_{group}" if group else "")
+        scope = f"tfpar/allgather/packed_{tag}/"
         with tf.compat.v1.name_scope(scope):
             pieces, rows_at, ids_at = [], [], {}
             for item in items:
@@ -106,9 +113,10 @@ def _allgathered(gathered: List[_Gathered], n: int, traffic: Optional[Traffic]):
                 if item.ids is not None and item.ids.name not in ids_at:
                     ids_at[item.ids.name] = len(pieces)  # ids shared (a softmax's weights, bias)
                     pieces.append(packed.as_elements(tf.cast(item.ids, tf.int64), dtype))
-            everyone, mine, got = packed.allgather_many(pieces, n, f"allgather_{dtype.name}")
+            everyone, mine, got = packed.allgather_many(pieces, n, f"allgather_{tag}")
             if traffic is not None:  # a ring passes on everyone else's rows
-                traffic.add("allgather", 2.0 * (nbytes(got) - nbytes(mine)))
+                with traffic.of_group(group):
+                    traffic.add("allgather", 2.0 * (nbytes(got) - nbytes(mine)))
         for item, at in zip(items, rows_at):
             with tf.compat.v1.name_scope(item.scope):
                 shape = _shape_of(item.sent)
@@ -121,6 +129,10 @@ def _allgathered(gathered: List[_Gathered], n: int, traffic: Optional[Traffic]):
                                       else tf.concat([[-1], shape[1:]], 0))
                     combined = item.finish(rows, ids)
             yield combined, (scope, item.scope)
+
+
+def _of_group(traffic: Optional[Traffic], group: int):
+    return traffic.of_group(group) if traffic is not None else contextlib.nullcontext()
 
 
 def _shape_of(t: tf.Tensor):

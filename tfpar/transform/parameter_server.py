@@ -65,7 +65,9 @@ class PsRewrite:
     replaced: Dict[str, tf.Tensor]  # original tensor name -> the tensor that replaced it
     pushes: Dict[str, tf.Variable]  # "var/part_k" -> count of pushes its PS received (chief)
     init: tf.Operation  # initialises the parts (run by the chief only)
-    step: tf.Operation  # ends a training step: what the original updates' users now wait for
+    # end a training step, one per update group (Plan.update_groups): what the original
+    # updates' users now wait for
+    steps: Dict[int, tf.Operation]
     release: tf.Operation  # frees this rewrite's variables on the PS (after a search trial)
     # variable name -> [(part variable, start row, stop row or None)] (for checkpoints)
     parts: Dict[str, list] = dataclasses.field(default_factory=dict)
@@ -103,7 +105,8 @@ class _Rewriter:
         self.final: Dict[tuple, tf.Tensor] = {}  # (variable, update) -> values the update reads
         self.final_indices: Dict[tuple, tf.Tensor] = {}
         self.combined_first = set()  # (variable, update): dense, averaged before post-processing
-        self.collectives: List[tf.Tensor] = []  # every worker runs these each step
+        # every worker runs these each step of their update group (Plan.update_groups)
+        self.collectives: Dict[int, List[tf.Tensor]] = {}
 
     # -- main --------------------------------------------------------------------------------
     def run(self) -> PsRewrite:
@@ -121,12 +124,21 @@ class _Rewriter:
             # Nothing may stay colocated with a variable that no longer runs anywhere.
             surgery.drop_colocation(self.g, [p.name for v in self.ps_vars
                                              for p in [v] + self.slots[v.name]])
-            with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/"):
-                step_var = tf.compat.v1.get_local_variable(
-                    "tfpar/sync/step", shape=[], dtype=tf.int64, use_resource=True,
-                    initializer=tf.compat.v1.zeros_initializer())
-                step = step_var.read_value()
-            done = self._sync(step, step_var)
+            # One servers' step per update group: a GAN's generator and discriminator,
+            # trained by turns, each count, push, apply and take tokens on their own.
+            groups: Dict[int, List[VariablePlan]] = {}
+            for v in self.ps_vars:
+                groups.setdefault(self.plan.group_of(v.name), []).append(v)
+            done = {}
+            for group, variables in sorted(groups.items()):
+                tag = f"_group_{group}" if group else ""
+                with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/"):
+                    step_var = tf.compat.v1.get_local_variable(
+                        "tfpar/sync/step" + tag, shape=[], dtype=tf.int64, use_resource=True,
+                        initializer=tf.compat.v1.zeros_initializer())
+                    step = step_var.read_value()
+                with self.traffic.of_group(group):
+                    done[group] = self._sync(step, step_var, group, variables, tag)
             on_ps = self.g.get_collection(PS_VARIABLES)
             init = tf.compat.v1.variables_initializer(on_ps, name="tfpar/ps/init")
             frees = []
@@ -363,12 +375,14 @@ class _Rewriter:
         original at run time fails loudly (it is never initialised), never silently."""
         return op not in self._training_ops()
 
-    def _training_ops(self):
-        if not hasattr(self, "_in_training"):
-            roots = [self.g.get_operation_by_name(n) for v in self.plan.variables
+    def _training_ops(self, variables: Optional[List[VariablePlan]] = None):
+        """The ops the updates of `variables` (default: every trained one) wait for."""
+        if variables is not None:
+            roots = [self.g.get_operation_by_name(n) for v in variables
                      for g in v.gradients for n in g.ops]
-            self._in_training = reachable(
-                roots, lambda x: [t.op for t in x.inputs] + list(x.control_inputs))
+            return reachable(roots, lambda x: [t.op for t in x.inputs] + list(x.control_inputs))
+        if not hasattr(self, "_in_training"):
+            self._in_training = self._training_ops(list(self.plan.variables))
         return self._in_training
 
     def _resource(self, v: VariablePlan) -> bool:
@@ -444,6 +458,9 @@ class _Rewriter:
             self.traffic.add("ps_push", nbytes(t))
 
     # -- gradients -------------------------------------------------------------------------------
+    def _group_collectives(self, v: VariablePlan) -> List[tf.Tensor]:
+        return self.collectives.setdefault(self.plan.group_of(v.name), [])
+
     def _prepare_gradients(self):
         """Makes what each worker pushes its exact share of what the update reads.
 
@@ -456,56 +473,65 @@ class _Rewriter:
         from tfpar.transform.allreduce import allreduce
         n = self.plan.num_workers
         for v in self.ps_vars:
-            for i, g in enumerate(v.gradients):
-                key = (v.name, i)
-                raw = self.g.get_tensor_by_name(g.values)
-                final = self.g.get_tensor_by_name(g.final_values or g.values)
-                scope = f"tfpar/gradient/{scope_name(v.name)}_{i}/"
-                if not self.plan.sync:
-                    # Asynchronous: each worker applies what its own batch gives, unscaled
-                    # and post-processed on its own (a dense one it holds whole).
-                    self.final[key] = final
-                    if g.indices is None:
-                        self.combined_first.add(key)
-                    else:
-                        self.final_indices[key] = self.g.get_tensor_by_name(
-                            g.final_indices or g.indices)
-                    continue
-                new, readers = raw, set(raw.consumers())
-                with tf.device(self.worker), tf.compat.v1.name_scope(scope):
-                    if g.indices is None and (g.post_processed or self._read_elsewhere(v, i, raw)):
-                        if n > 1:
-                            new = allreduce(raw, v.reduction == "average", n, self.traffic)
-                            self.collectives.append(new)
-                        self.combined_first.add(key)
-                    elif v.reduction == "average" and n > 1:
-                        new = raw * tf.constant(1.0 / n, raw.dtype)
-                if new is not raw:  # all but the ops just built on it read `new`
-                    surgery.replace_uses(raw, new, keep=[c for c in raw.consumers()
-                                                         if c not in readers])
-                self.final[key] = new if final is raw else final
-                if g.indices is not None:
+            with self.traffic.of_group(self.plan.group_of(v.name)):
+                self._prepare_gradients_of(v, n, allreduce)
+
+    def _prepare_gradients_of(self, v: VariablePlan, n: int, allreduce):
+        """`_prepare_gradients` for the updates of `v`."""
+        for i, g in enumerate(v.gradients):
+            key = (v.name, i)
+            raw = self.g.get_tensor_by_name(g.values)
+            final = self.g.get_tensor_by_name(g.final_values or g.values)
+            scope = f"tfpar/gradient/{scope_name(v.name)}_{i}/"
+            if not self.plan.sync:
+                # Asynchronous: each worker applies what its own batch gives, unscaled
+                # and post-processed on its own (a dense one it holds whole).
+                self.final[key] = final
+                if g.indices is None:
+                    self.combined_first.add(key)
+                else:
                     self.final_indices[key] = self.g.get_tensor_by_name(
                         g.final_indices or g.indices)
-                for name in g.row_sums if n > 1 else ():
-                    partial = self.g.get_tensor_by_name(name)
-                    with tf.device(self.worker), tf.compat.v1.name_scope(scope + "row_sum/"):
-                        total = allreduce(partial, False, n, self.traffic)
-                    surgery.replace_uses(partial, total, keep=[total.op])
-                    self.collectives.append(total)
+                continue
+            new, readers = raw, set(raw.consumers())
+            with tf.device(self.worker), tf.compat.v1.name_scope(scope):
+                if g.indices is None and (g.post_processed or self._read_elsewhere(v, i, raw)):
+                    if n > 1:
+                        new = allreduce(raw, v.reduction == "average", n, self.traffic)
+                        self._group_collectives(v).append(new)
+                    self.combined_first.add(key)
+                elif v.reduction == "average" and n > 1:
+                    new = raw * tf.constant(1.0 / n, raw.dtype)
+            if new is not raw:  # all but the ops just built on it read `new`
+                surgery.replace_uses(raw, new, keep=[c for c in raw.consumers()
+                                                     if c not in readers])
+            self.final[key] = new if final is raw else final
+            if g.indices is not None:
+                self.final_indices[key] = self.g.get_tensor_by_name(
+                    g.final_indices or g.indices)
+            for name in g.row_sums if n > 1 else ():
+                partial = self.g.get_tensor_by_name(name)
+                with tf.device(self.worker), tf.compat.v1.name_scope(scope + "row_sum/"):
+                    total = allreduce(partial, False, n, self.traffic)
+                surgery.replace_uses(partial, total, keep=[total.op])
+                self._group_collectives(v).append(total)
 
     def _read_elsewhere(self, v: VariablePlan, i: int, raw: tf.Tensor) -> bool:
         """Whether ops other than the update read a dense gradient (then they need it whole)."""
         update = set(self._update_ops(v, i))
         return any(c not in update for c in raw.consumers())
 
-    def _sync(self, step: tf.Tensor, step_var) -> tf.Operation:
-        """Pushes, (local chief) forwards, (chief) applies and tokens: one synchronous step."""
+    def _sync(self, step: tf.Tensor, step_var, group: int, variables: List[VariablePlan],
+              tag: str) -> tf.Operation:
+        """Pushes, (local chief) forwards, (chief) applies and tokens: one synchronous step
+        of the update group's `variables` (`tag` names its own state)."""
         if not self.plan.sync:
-            return self._apply_own(step_var)
+            return self._apply_own(step_var, group, variables, tag)
         route = _Route.of(self.plan, self.rank)
-        self.wanted_before = self._wanted_before_updates()
-        if self.wanted_before and self.combined_first and self.plan.num_workers > 1:
+        self.wanted_before = self._wanted_before_updates(variables)
+        combined_first = {key for key in self.combined_first
+                          if key[0] in {v.name for v in variables}}
+        if self.wanted_before and combined_first and self.plan.num_workers > 1:
             # The chief applies a gradient every worker holds whole without waiting for any
             # push: a scalar allreduce, joined once those ops ran, makes it wait for them.
             # Its input is a variable's read and its output is written to one: TensorFlow
@@ -516,21 +542,22 @@ class _Rewriter:
                 with tf.control_dependencies(self.wanted_before):
                     ran = tf.cast(step_var.read_value(), tf.float32)
                 joined = allreduce(ran, False, self.plan.num_workers, self.traffic,
-                                   name="before_updates")
+                                   name="before_updates" + tag)
                 seen = tf.compat.v1.get_local_variable(
-                    "tfpar/sync/before_updates", shape=[], dtype=tf.float32,
+                    "tfpar/sync/before_updates" + tag, shape=[], dtype=tf.float32,
                     use_resource=True, initializer=tf.compat.v1.zeros_initializer())
-                self.collectives.append(seen.assign(joined, read_value=False))
+                self.collectives.setdefault(group, []).append(
+                    seen.assign(joined, read_value=False))
         pushes, forwards, owned = [], [], []
-        for v in self.ps_vars:
+        for v in variables:
             for i in range(len(v.gradients)):
                 for k, part, accum, push, forward in self._push_gradient(v, i, step, route):
                     pushes.extend([push] if push is not None else [])
                     forwards.extend([forward] if forward is not None else [])
                     owned.append((v, i, k, part, accum))
-        joined = self._run_collectives()
+        joined = self._run_collectives(group, tag)
         with tf.control_dependencies(pushes + forwards + joined):
-            after_push = tf.no_op(name="tfpar/sync/pushed")
+            after_push = tf.no_op(name="tfpar/sync/pushed" + tag)
         if route.chief:
             applied, last = [], {}
             for v, i, k, part, accum in owned:
@@ -541,26 +568,27 @@ class _Rewriter:
                 applied.append(op)
                 last[(v.name, k)] = [op]
             with tf.control_dependencies(applied), tf.compat.v1.name_scope("tfpar/sync/release/"):
-                released = [_release(self.prefix, j, self.plan.host_of_rank(j), step)
+                released = [_release(self.prefix + tag, j, self.plan.host_of_rank(j), step)
                             for j in range(1, self.plan.num_workers)]
                 synced = tf.group(*released, after_push)
         else:
             with tf.control_dependencies([after_push]):
-                token = _wait(self.prefix, self.rank, route.host)
-            synced = tf.group(token, name="tfpar/sync/wait")
+                token = _wait(self.prefix + tag, self.rank, route.host)
+            synced = tf.group(token, name="tfpar/sync/wait" + tag)
         with tf.control_dependencies([synced]), tf.device(self.worker):
-            done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
+            done = tf.group(step_var.assign_add(1, read_value=False),
+                            name="tfpar/sync/done" + tag)
         if self.markers is not None:
-            training = self._training_ops()
+            training = self._training_ops(variables)
             reads = [t for t in self.step_reads if any(c in training for c in t.consumers())]
-            self.markers.attach("read", reads, [done])
-            self.markers.attach("joined", joined, [done])
-            self.markers.attach("pushed", pushes + forwards, [done])
-            self.markers.attach("applied" if route.chief else "token", [synced], [done])
-        self._replace_updates(done)
+            self.markers.attach("read", reads, [done], group)
+            self.markers.attach("joined", joined, [done], group)
+            self.markers.attach("pushed", pushes + forwards, [done], group)
+            self.markers.attach("applied" if route.chief else "token", [synced], [done], group)
+        self._replace_updates(done, variables)
         return done
 
-    def _run_collectives(self) -> List[tf.Operation]:
+    def _run_collectives(self, group: int, tag: str) -> List[tf.Operation]:
         """Ops that make this worker run every collective of the step.
 
         A worker whose own step reads no result of a collective (a gradient only the
@@ -568,23 +596,25 @@ class _Rewriter:
         join it, or the others wait forever. A control input is not enough: Horovod's ops
         are not stateful, and TensorFlow drops a stateless op nothing reads. So one element
         of each result is written to a variable of the worker."""
-        outputs = [t for t in self.collectives if isinstance(t, tf.Tensor)]
-        ops = [t for t in self.collectives if isinstance(t, tf.Operation)]
+        collectives = self.collectives.get(group, [])
+        outputs = [t for t in collectives if isinstance(t, tf.Tensor)]
+        ops = [t for t in collectives if isinstance(t, tf.Operation)]
         if not outputs:
             return ops
-        with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/joined/"):
+        with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/sync/joined{tag}/"):
             seen = tf.compat.v1.get_local_variable(
-                "tfpar/sync/joined", shape=[], dtype=tf.float32, use_resource=True,
+                "tfpar/sync/joined" + tag, shape=[], dtype=tf.float32, use_resource=True,
                 initializer=tf.compat.v1.zeros_initializer())
             first = [tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32))
                      for t in outputs]
             return ops + [seen.assign(tf.add_n(first), read_value=False)]
 
-    def _apply_own(self, step_var) -> tf.Operation:
+    def _apply_own(self, step_var, group: int, variables: List[VariablePlan],
+                   tag: str) -> tf.Operation:
         """Asynchronous step: this worker applies its own gradient to every part on the PS,
         with no accumulator, no chief and no token: no worker waits for another."""
         applied, last = [], {}
-        for v in self.ps_vars:
+        for v in variables:
             for i in range(len(v.gradients)):
                 key = (v.name, i)
                 pieces = [None] * len(v.parts)
@@ -604,10 +634,11 @@ class _Rewriter:
                         op = self._apply(v, i, k, part, pieces[k])
                     applied.append(op)
                     last[(v.name, k)] = [op]
-        with tf.control_dependencies(applied + self._run_collectives()), \
+        with tf.control_dependencies(applied + self._run_collectives(group, tag)), \
                 tf.device(self.worker):
-            done = tf.group(step_var.assign_add(1, read_value=False), name="tfpar/sync/done")
-        self._replace_updates(done)
+            done = tf.group(step_var.assign_add(1, read_value=False),
+                            name="tfpar/sync/done" + tag)
+        self._replace_updates(done, variables)
         return done
 
     def _push_gradient(self, v: VariablePlan, i: int, step, route: "_Route"):
@@ -740,7 +771,7 @@ class _Rewriter:
         with tf.device(device):
             return tf.group(*sinks, name=f"tfpar/apply/{name}/part_{k}/done")
 
-    def _wanted_before_updates(self) -> List[tf.Operation]:
+    def _wanted_before_updates(self, variables: List[VariablePlan]) -> List[tf.Operation]:
         """The ops the user's graph runs before the updates of PS variables by control
         dependency (e.g. reads of the step's values, batch norm's UPDATE_OPS).
 
@@ -749,7 +780,7 @@ class _Rewriter:
         for every push, then comes after them on every worker. Without this another worker
         could read a variable after the chief updated it.
         """
-        update = {op for v in self.ps_vars for op in self._update_ops(v)}
+        update = {op for v in variables for op in self._update_ops(v)}
         boundary = set(self.final.values()) | set(self.final_indices.values())
         wanted, seen, stack = [], set(), list(update)
         while stack:
@@ -783,10 +814,11 @@ class _Rewriter:
             self._after_updates = seen
         return op in self._after_updates
 
-    def _replace_updates(self, done: tf.Operation):
-        """Whatever waited for the original updates of PS variables now waits for `done`."""
+    def _replace_updates(self, done: tf.Operation, variables: List[VariablePlan]):
+        """Whatever waited for the original updates of these PS variables now waits for
+        `done`, their group's step."""
         old = set()
-        for v in self.ps_vars:
+        for v in variables:
             old.update(self._update_ops(v))
         for op in self.g.get_operations():
             if op in old or op is done:

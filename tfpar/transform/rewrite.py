@@ -8,7 +8,7 @@ decide nothing: what they do is in the plan.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import List, Optional
 
 import tensorflow as tf
 
@@ -53,11 +53,16 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     ps = (apply_parameter_server(graph, plan, rank, traffic, ps_prefix, markers)
           if distributed else None)
     combined = apply_allreduce(graph, plan, traffic)
-    markers.attach("joined", [graph.get_tensor_by_name(t) for t in combined.values()],
-                   _collective_updates(graph, plan))
+    variable_of = {t: v.name for v in plan.variables for g in v.gradients
+                   for t in (g.values, g.indices) if t}
+    for group in range(max(1, len(plan.update_groups))):  # each group's runs mark their own
+        names = {v.name for v in plan.variables if plan.group_of(v.name) == group}
+        markers.attach("joined", [graph.get_tensor_by_name(new) for old, new in combined.items()
+                                  if variable_of.get(old) in names],
+                       _collective_updates(graph, plan, names), group)
     apply_sync_batch_norm(graph, plan, traffic)  # last: it rewires what the others read
     keep_lookups_gathered(graph, _updated_in_place(plan))
-    _count_steps(graph, plan, ps, traffic.build(), tiled)
+    _count_steps(graph, plan, ps, traffic.build(max(1, len(plan.update_groups))), tiled)
     if distributed:
         _pin_to_worker(graph, rank)
     ahead = sharded.ahead if sharded is not None else None
@@ -84,20 +89,25 @@ def _updated_in_place(plan: Plan):
             and v.route not in ("ps", "sharded", "tiled")]
 
 
-def _collective_updates(graph: tf.Graph, plan: Plan):
-    """The update ops of the variables whose gradients the allreduce rewrite combines."""
+def _collective_updates(graph: tf.Graph, plan: Plan, names=None):
+    """The update ops of the variables whose gradients the allreduce rewrite combines
+    (of those in `names` if given)."""
     return [graph.get_operation_by_name(name) for v in plan.variables
-            if v.route in ("allreduce", "allgather") for g in v.gradients for name in g.ops]
+            if v.route in ("allreduce", "allgather") and (names is None or v.name in names)
+            for g in v.gradients for name in g.ops]
 
 
-def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_step: tf.Operation, tiled=None):
-    """Makes every training step also run the traffic counters' update."""
-    if ps is not None:
-        surgery.add_control_inputs(ps.step, [traffic_step])
-    for update in (tiled.updates if tiled is not None else ()):
-        surgery.add_control_inputs(update, [traffic_step])
-    for update in _collective_updates(graph, plan):
-        surgery.add_control_inputs(update, [traffic_step])
+def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_steps: List[tf.Operation],
+                 tiled=None):
+    """Makes every training step also run the traffic counters' update (its update
+    group's)."""
+    for group, step in (ps.steps.items() if ps is not None else ()):
+        surgery.add_control_inputs(step, [traffic_steps[group]])
+    for name, update in (tiled.updates if tiled is not None else ()):
+        surgery.add_control_inputs(update, [traffic_steps[plan.group_of(name)]])
+    for v in plan.variables:
+        for update in _collective_updates(graph, plan, {v.name}):
+            surgery.add_control_inputs(update, [traffic_steps[plan.group_of(v.name)]])
 
 
 def _pin_to_worker(graph: tf.Graph, rank: int):

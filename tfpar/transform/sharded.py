@@ -36,7 +36,7 @@ Not yet: a whole read of the variable in the training step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -58,7 +58,7 @@ class ShardedRewrite:
     the input staged a step ahead (`Plan.ids_ahead`; else None)."""
 
     tiles: Dict[str, tf.Variable]
-    updates: List[tf.Operation]
+    updates: List[Tuple[str, tf.Operation]]  # (variable name, its new update op)
     ahead: Optional[InputAhead] = None
     # {original tensor or op name: its replacement}: the user's writes and reads of the
     # sharded variables outside the training step (`outside_uses`), for the runner's fetches.
@@ -92,19 +92,24 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
             s.copy_averages(made)
         # Lookups of variables split alike with one ids tensor (a sampled softmax's weights
         # and biases) share their exchanges: one all-to-all of the ids, one of their rows.
+        # The lookups of the variables of one update group (Plan.update_groups) go in one
+        # exchange; another group's runs may lack their ids (a GAN's real images).
         groups: Dict[tuple, List[_Lookup]] = {}
         for lk in lookups:
-            key = (lk.ids.name, tuple(lk.owner.starts), lk.owner.part.dtype.base_dtype.name)
+            key = (plan.group_of(lk.owner.v.name), lk.ids.name, tuple(lk.owner.starts),
+                   lk.owner.part.dtype.base_dtype.name)
             groups.setdefault(key, []).append(lk)
-        _lookups(list(groups.values()), exchanges, ahead)
+        for update_group in sorted({key[0] for key in groups}):
+            _lookups([g for key, g in groups.items() if key[0] == update_group], exchanges,
+                     ahead, f"_group_{update_group}" if update_group else "")
         if ahead is not None:
             ahead.finish()
         # Every gradient's rows go to their owners in one all-to-all (per dtype), unless
         # one of them waits for an update (a second optimizer's): that one goes alone.
         sends = [s.outgoing(i, g) for s in variables for i, g in enumerate(s.v.gradients)]
-        _exchange_gradients(sends, exchanges, _update_ops_of(graph, plan))
+        _exchange_gradients(sends, exchanges, _update_ops_of(graph, plan), plan)
         for send in sends:
-            updates.append(send.owner.apply(send, made))
+            updates.append((send.owner.v.name, send.owner.apply(send, made)))
         replaced: Dict[str, object] = {}
         for s in variables:
             replaced.update(s.rewire_outside_step())
@@ -614,13 +619,14 @@ class _Send:
     got_rows: Optional[tf.Tensor] = None
 
 
-def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops):
-    """Sets every send's `got_*`: the sends of one dtype that wait for no update share one
-    all-to-all; the others go one by one."""
+def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops, plan: Plan):
+    """Sets every send's `got_*`: the sends of one dtype and update group that wait for no
+    update share one all-to-all; the others go one by one."""
     together: Dict[str, List[_Send]] = {}
     for send in sends:
         alone = _depends_on([send.values, send.indices], update_ops)
-        key = send.rows.dtype.name if not alone else f"alone_{len(together)}"
+        key = (f"{send.rows.dtype.name}_{plan.group_of(send.owner.v.name)}" if not alone
+               else f"alone_{len(together)}")
         together.setdefault(key, []).append(send)
     for k, group in enumerate(together.values()):
         got = exchanges.to_owners([(x.ids, x.rows, x.splits, x.owner.starts) for x in group],
@@ -630,16 +636,16 @@ def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops)
 
 
 def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges",
-             ahead: Optional[InputAhead] = None):
+             ahead: Optional[InputAhead] = None, tag: str = ""):
     """Replaces every lookup group's gathers with the owners' rows: all groups in one
     all-to-all of ids and one of rows when no group's ids depend on another's rows (else
     group by group, in order). With the input a step ahead, the ids went a step earlier:
     the step sends the next batch's and asks for this one's rows alone."""
     gathers = [lk.gather for group in groups for lk in group]
     if len(groups) < 2 or any(_depends_on([group[0].ids], gathers) for group in groups):
-        batches = [([group], f"lookup_{k}") for k, group in enumerate(groups)]
+        batches = [([group], f"lookup{tag}_{k}") for k, group in enumerate(groups)]
     else:
-        batches = [(groups, "lookups")]
+        batches = [(groups, "lookups" + tag)]
     if ahead is not None and len(batches) > 1:
         raise NotYetSupportedError(
             "Config(ids_ahead=True): the ids of one lookup of a sharded variable are computed "

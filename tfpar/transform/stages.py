@@ -34,8 +34,11 @@ class Markers:
         # collectives and the allreduce route's are counted apart, so neither waits for
         # the other's ops)
         self.reads: Dict[str, List[tf.Tensor]] = {}
+        # stage -> the update group (Plan.update_groups) of each of its counters: a run
+        # of one group passes only that group's markers
+        self.groups: Dict[str, List[int]] = {}
 
-    def mark(self, stage: str, after: Sequence) -> tf.Operation:
+    def mark(self, stage: str, after: Sequence, group: int = 0) -> tf.Operation:
         """An op that counts `stage` once every op or tensor of `after` has run; the step's
         end must wait for it (the caller adds it to the step)."""
         if stage not in STAGES:
@@ -47,23 +50,29 @@ class Markers:
                 f"{SCOPE}{stage}_{len(self.reads.get(stage, []))}", shape=[], dtype=tf.int64,
                 use_resource=True, initializer=tf.compat.v1.zeros_initializer())
             self.reads.setdefault(stage, []).append(counter.read_value())
+            self.groups.setdefault(stage, []).append(group)
             with tf.control_dependencies(deps):
                 return counter.assign_add(1, read_value=False)
 
-    def attach(self, stage: str, after: Sequence, end_ops: List[tf.Operation]):
+    def attach(self, stage: str, after: Sequence, end_ops: List[tf.Operation],
+               group: int = 0):
         """Marks `stage` after `after` and makes each op of `end_ops` wait for the mark."""
         from tfpar.transform import surgery
         if not after:
             return
-        marked = self.mark(stage, after)
+        marked = self.mark(stage, after, group)
         for op in end_ops:
             surgery.add_control_inputs(op, [marked])
 
 
-def describe(counts: Dict[str, Sequence[int]], steps_done: int) -> str:
+def describe(counts: Dict[str, Sequence[int]], steps_done) -> str:
     """Where step `steps_done + 1` waits, from the markers' counts: the first stage it has
-    not passed (one of its counters not past `steps_done`), in STAGES' order."""
+    not passed (one of its counters not past `steps_done`), in STAGES' order.
+    `steps_done` may also be {stage: [steps done for each counter]} (each counter's update
+    group's steps; None for a counter this step does not pass)."""
     for stage in STAGES:
-        if any(c <= steps_done for c in counts.get(stage, ())):
+        done = (steps_done.get(stage, ()) if isinstance(steps_done, dict)
+                else [steps_done] * len(counts.get(stage, ())))
+        if any(d is not None and c <= d for c, d in zip(counts.get(stage, ()), done)):
             return STAGES[stage]
     return "the end of its training step (every marked stage passed: its own update)"

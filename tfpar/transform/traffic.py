@@ -6,7 +6,8 @@ training step. The runner reads them (`Runner.communication()`).
 """
 from __future__ import annotations
 
-from typing import Dict, List
+import contextlib
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -19,12 +20,24 @@ class Traffic:
 
     def __init__(self, graph: tf.Graph, device: str = ""):
         self.graph, self.device = graph, device
-        self.terms: Dict[str, List[tf.Tensor]] = {p: [] for p in PATHS}
+        # path -> (update group or None for every group, bytes)
+        self.terms: Dict[str, List[Tuple[Optional[int], tf.Tensor]]] = {p: [] for p in PATHS}
         self._vars: Dict[str, tf.Variable] = {}
+        self._group: Optional[int] = None
+
+    @contextlib.contextmanager
+    def of_group(self, group: int):
+        """What is added inside counts at the steps of update group `group` only
+        (Plan.update_groups): another group's runs do not compute its tensors."""
+        outer, self._group = self._group, group
+        try:
+            yield
+        finally:
+            self._group = outer
 
     def add(self, path: str, nbytes: tf.Tensor) -> None:
-        """Counts `nbytes` on `path` at every training step."""
-        self.terms[path].append(tf.cast(nbytes, tf.float64))
+        """Counts `nbytes` on `path` at every training step (of the current group)."""
+        self.terms[path].append((self._group, tf.cast(nbytes, tf.float64)))
 
     def counted(self, path: str, tensor: tf.Tensor, nbytes: tf.Tensor) -> tf.Tensor:
         """`tensor`, counting `nbytes` on `path` whenever it is computed (not every step)."""
@@ -42,18 +55,24 @@ class Traffic:
                 return self._var(path).assign_add(2.0 * received, read_value=False)
         return count
 
-    def build(self) -> tf.Operation:
-        """The op that adds one step's bytes (and 1 to the step count) to the counters."""
+    def build(self, groups: int = 1) -> List[tf.Operation]:
+        """For each update group, the op that adds one of its steps' bytes (and 1 to the
+        step count) to the counters."""
+        out = []
         with self.graph.as_default(), tf.device(self.device), \
                 tf.compat.v1.name_scope(SCOPE):
-            updates = [self._var("steps").assign_add(tf.constant(1.0, tf.float64),
-                                                     read_value=False)]
-            for path in PATHS:
-                self._var(path)
-                if self.terms[path]:
-                    updates.append(self._var(path).assign_add(tf.add_n(self.terms[path]),
-                                                              read_value=False))
-            return tf.group(*updates, name="update")
+            for group in range(groups):
+                updates = [self._var("steps").assign_add(tf.constant(1.0, tf.float64),
+                                                         read_value=False)]
+                for path in PATHS:
+                    self._var(path)
+                    terms = [t for g, t in self.terms[path] if g is None or g == group]
+                    if terms:
+                        updates.append(self._var(path).assign_add(tf.add_n(terms),
+                                                                  read_value=False))
+                out.append(tf.group(*updates, name="update" + (f"_group_{group}" if group
+                                                               else "")))
+        return out
 
     def _var(self, path: str) -> tf.Variable:
         if path not in self._vars:
