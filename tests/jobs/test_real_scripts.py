@@ -280,12 +280,14 @@ def test_a_warm_start_from_a_checkpoint_reaches_every_route(together):
 
 def test_train_ops_run_by_turns_equal_single_device(together):
     """A GAN's script: the discriminator's and the generator's train ops (separate
-    optimizers over separate variables) in separate runs, by turns; every worker ends where
-    one device does, with the generator's embedding on the parameter servers (the only
-    variable there: every run that updates one updates all), allgathered and sharded;
-    rtol 1e-5, atol 1e-6. (A run of part of the servers' updates is refused:
-    tests/runtime/test_runner.py.)"""
-    for mode in ("HYBRID", "AR", "SHARDED"):
+    optimizers over separate variables) in separate runs, by turns, the generator's
+    without the real input only the discriminator reads (before, every run waited for the
+    other side's gradients and failed for want of it, and PS mode was refused): every
+    worker ends where one device does, with both sides' embeddings on the parameter
+    servers (one servers' step per side), every variable there (PS), allgathered and
+    sharded; rtol 1e-5, atol 1e-6."""
+    for mode in ("HYBRID", "PS", "AR", "SHARDED"):
         single, ranks = assert_like_one_device(os.path.join(together("gan"), mode))
         assert int(single["final/global_step"]) == 3
-        _moved(single, ranks[0], ("emb", "w1", "discriminator/d"), mode)
+        _moved(single, ranks[0], ("emb", "w1", "discriminator/d", "discriminator/d_emb"),
+               mode)

@@ -442,6 +442,41 @@ def test_train_ops_run_by_turns_each_take_their_own_servers_step():
         np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("route", ["ps", "allgather"])
+def test_a_scripts_own_initialiser_run_draws_what_a_plain_session_draws(route):
+    """A seeded TF1 script runs global_variables_initializer() through the runner: its
+    random initialisers draw what they draw in a plain session (before, the runner's own
+    start-up had drawn their first numbers, so the script's run drew the second), on a
+    table on the servers and replicated alike; tolerance 0."""
+    def build():
+        g = tf.Graph()
+        with g.as_default():
+            tf1.set_random_seed(11)
+            ids = tf1.placeholder(tf.int64, [None])
+            emb = tf1.get_variable("emb", [7, 3], use_resource=True)
+            w = tf1.get_variable("w", [3, 1], initializer=tf1.truncated_normal_initializer())
+            loss = tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(emb, ids), w))
+            train = tf1.train.AdagradOptimizer(0.1).minimize(loss)
+            init = tf1.global_variables_initializer()
+        return g, ids, train, init, [emb, w]
+
+    g, ids, train, init, names = build()
+    with tf1.Session(graph=g) as session:
+        session.run(init)
+        expected = session.run(names)
+        session.run(train, {ids: [1, 4]})
+        trained = session.run(names)
+    g, ids, train, init, names = build()
+    with tfpar.get_runner(g, config=tfpar.Config(sparse_route={"emb": route})) as runner:
+        assert runner.plan.variable("emb").route == route
+        runner.run(init)
+        for want, got in zip(expected, runner.run(names)):
+            np.testing.assert_array_equal(got, want)
+        runner.run(train, {ids: [1, 4]})
+        for want, got in zip(trained, runner.run(names)):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_assign_results_and_unmappable_fetches(built):
     """An assign's result is its new value (a resource variable's _UnreadVariable), an
     op's is None; what the runner cannot map is a TfparError naming it."""
@@ -619,3 +654,4 @@ print("trained eagerly-built graph")
                           env=env, timeout=240, cwd=env["PYTHONPATH"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trained eagerly-built graph" in proc.stdout
+

@@ -255,7 +255,10 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
         stage("initialising the variables" + (" (the chief: also the parts on the parameter "
                                                "servers)" if ps is not None and rank == 0
                                                else ""))
-        session.run([init, ps.init] if ps is not None and rank == 0 else init)
+        # Copies of the initialisers' random ops draw them: a script's own run of
+        # global_variables_initializer() then draws what it draws in a plain session.
+        session.run(surgery.with_own_draws(
+            [init, ps.init] if ps is not None and rank == 0 else [init], "tfpar/startup/"))
         stage("the broadcast of worker 0's variables (a Horovod collective)")
         session.run(broadcast)
         if ps is not None:

@@ -180,3 +180,40 @@ def default_session(session):
     `tf.compat.v1.get_default_session()`), as `Session.as_default()` makes one."""
     from tensorflow.python.framework import stack  # pylint: disable=import-outside-toplevel
     return stack.default_session(session)
+
+
+# Stateful random ops: each kernel draws the next numbers of its seed's sequence per run.
+_RANDOM = ("RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+           "ParameterizedTruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+           "RandomGammaV2", "RandomPoisson", "RandomPoissonV2")
+
+
+def with_own_draws(ops: List[tf.Operation], scope: str) -> List[tf.Operation]:
+    """`ops` (initialisers, say), with the stateful random ops they read and every op
+    between copied under `scope`: running the copies draws the same numbers as the first
+    run of the originals would (a copy is a new kernel with the same seeds) and leaves the
+    originals' draws untouched. So a user's later run of the originals (a script's
+    `global_variables_initializer()`) draws what it draws in a plain session."""
+    region = set()
+    stack = list(ops)
+    while stack:
+        op = stack.pop()
+        if op in region or op.type in ("VarHandleOp", "VariableV2", "Placeholder"):
+            continue
+        region.add(op)
+        stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+    random = [op for op in region if op.type in _RANDOM]
+    if not random:
+        return list(ops)
+    moved, stack = set(), list(random)
+    consumers: Dict[tf.Operation, List[tf.Operation]] = {}
+    for op in region:
+        for dep in [t.op for t in op.inputs] + list(op.control_inputs):
+            consumers.setdefault(dep, []).append(op)
+    while stack:
+        op = stack.pop()
+        if op not in moved:
+            moved.add(op)
+            stack.extend(consumers.get(op, ()))
+    copies = clone_ops(moved, {}, scope, lambda op, inputs: op.device)
+    return [copies.get(op, op) for op in ops]

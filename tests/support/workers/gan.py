@@ -1,13 +1,14 @@
 """Two train ops run by turns, as a GAN's script runs them: a generator (an embedding and
-two layers, Adam) and a discriminator (a layer, SGD), each with its own optimizer over its
-own variables, their steps in separate session runs, the generator's with a global step.
+two layers, Adam) and a discriminator (an embedding and a layer, SGD), each with its own
+optimizer over its own variables, their steps in separate session runs, the generator's
+with a global step and without the real input (`y`) that only the discriminator reads.
 
 usage: horovodrun -np N ... python gan.py OUT_DIR
        python gan.py OUT_DIR --single N   (one device, the N workers' batches together,
                                           from the job's values)
-Writes OUT_DIR/<mode>/rank<r>.npz (init/<var>, final/<var>) or single.npz for HYBRID (the
-embedding on the parameter servers, which only the generator's runs update), AR and
-SHARDED (sparse_route="sharded").
+Writes OUT_DIR/<mode>/rank<r>.npz (init/<var>, final/<var>) or single.npz for HYBRID (both
+embeddings on the parameter servers, each updated by one side's runs), PS (every variable
+there), AR and SHARDED (sparse_route="sharded").
 """
 import os
 import sys
@@ -21,7 +22,7 @@ from tests.support import models, one_device  # noqa: E402
 
 tf1 = tf.compat.v1
 BATCH, STEPS, VOCAB = 4, 3, 12
-MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"},
+MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"}, "PS": {"run_mode": "PS"},
          "SHARDED": {"run_mode": "HYBRID", "sparse_route": "sharded"}}
 
 
@@ -33,15 +34,17 @@ def build():
             m["emb"], m["ids"]), m["w1"])), m["w2"])
         with tf1.variable_scope("discriminator"):
             d = tf1.get_variable("d", [1, 1])
-        real_score = tf.matmul(m["y"], d)
-        fake_score = tf.matmul(fake, d)
+            d_emb = tf1.get_variable("d_emb", [VOCAB, 1])
+        judged = tf.nn.embedding_lookup(d_emb, m["ids"])
+        real_score = tf.matmul(m["y"], d) + judged
+        fake_score = tf.matmul(fake, d) + judged
         d_loss = tf.reduce_mean(tf.square(real_score - 1.0)) + tf.reduce_mean(
             tf.square(fake_score))
         g_loss = tf.reduce_mean(tf.square(fake_score - 1.0))
         step = tf1.train.get_or_create_global_step()
         g_train = tf1.train.AdamOptimizer(0.05).minimize(
             g_loss, var_list=[m["emb"], m["w1"], m["w2"]], global_step=step)
-        d_train = tf1.train.GradientDescentOptimizer(0.1).minimize(d_loss, var_list=[d])
+        d_train = tf1.train.GradientDescentOptimizer(0.1).minimize(d_loss, var_list=[d, d_emb])
     return graph, dict(x=m["x"], ids=m["ids"], y=m["y"], g_train=g_train, d_train=d_train)
 
 
@@ -57,9 +60,9 @@ def train(run, h, rank, n, width):
     for step in range(STEPS):
         x, ids, y = data(step, n)
         mine = slice(rank * BATCH, rank * BATCH + width)
-        feed = {h["x"]: x[mine], h["ids"]: ids[mine], h["y"]: y[mine]}
-        run(h["d_train"], feed)
-        run(h["g_train"], feed)
+        feed = {h["x"]: x[mine], h["ids"]: ids[mine]}
+        run(h["d_train"], {**feed, h["y"]: y[mine]})
+        run(h["g_train"], feed)  # no real input: the discriminator's run alone reads it
 
 
 def main(out, single=None):
