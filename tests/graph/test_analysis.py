@@ -317,3 +317,37 @@ def test_in_graph_towers_are_refused_with_one_process_a_gpu_as_the_fix():
     with pytest.raises(tfpar.TfparError, match="several tensors.*In-graph towers.*horovodrun "
                                                r"-np <GPUs>"):
         analyse(g)
+
+
+@pytest.mark.parametrize("optimizer", [lambda: tf1.train.AdamOptimizer(0.1),
+                                       lambda: tf1.train.FtrlOptimizer(0.1),
+                                       lambda: tf1.train.MomentumOptimizer(0.1, 0.9)])
+def test_update_groups_are_the_runs_that_update_variables_together(optimizer):
+    """One minimize() is one group, whatever its optimizer leaves dangling after its
+    updates (Adam's reads of the values it assigned); two minimize() results run by turns
+    (a GAN) are two; grouped by one tf.group that the script runs, one again; a read
+    after the step (control dependency on the train op) does not split it."""
+    def groups(kind):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [4, 3])
+            ids = tf1.placeholder(tf.int32, [4])
+            emb = tf1.get_variable("emb", [10, 3], use_resource=True)
+            w = tf1.get_variable("w", [3, 1], use_resource=True)
+            d = tf1.get_variable("d", [1, 1], use_resource=True)
+            fake = tf.matmul(x + tf.nn.embedding_lookup(emb, ids), w)
+            loss = tf.reduce_mean(tf.matmul(fake, d))
+            if kind == "one":
+                train = optimizer().minimize(loss)
+                with tf.control_dependencies([train]):
+                    tf.identity(loss)
+            else:
+                g_train = optimizer().minimize(loss, var_list=[emb, w])
+                d_train = optimizer().minimize(-loss, var_list=[d])
+                if kind == "grouped":
+                    tf.group(g_train, d_train)
+        return {frozenset(group) for group in analyse(g).update_groups}
+
+    assert groups("one") == {frozenset({"emb", "w", "d"})}
+    assert groups("turns") == {frozenset({"emb", "w"}), frozenset({"d"})}
+    assert groups("grouped") == {frozenset({"emb", "w", "d"})}

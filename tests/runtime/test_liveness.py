@@ -116,3 +116,10 @@ def test_a_stage_is_the_first_one_a_step_has_not_passed():
     assert stages.describe(counts, 2) == stages.STAGES["joined"]  # one of two not passed
     assert stages.describe({"read": [2]}, 2) == stages.STAGES["read"]
     assert "every marked stage passed" in stages.describe({"read": [3], "token": [3]}, 2)
+    # Update groups run by turns: each counter against its own group's steps, and those
+    # of a group this step does not run (None) are not waited for.
+    counts = {"read": [2, 1], "pushed": [2, 1], "token": [1, 1]}
+    done = {"read": [1, None], "pushed": [1, None], "token": [1, None]}
+    assert stages.describe(counts, done) == stages.STAGES["token"]
+    done = {"read": [None, 1], "pushed": [None, 1], "token": [None, 1]}
+    assert stages.describe(counts, done) == stages.STAGES["read"]

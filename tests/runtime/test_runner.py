@@ -431,6 +431,8 @@ def test_train_ops_run_by_turns_each_take_their_own_servers_step():
     with tfpar.get_runner(g) as runner:  # HYBRID: the tables on the servers
         assert runner.plan.update_groups == (("gen",), ("disc", "disc2", "dense"))
         assert "updated by different runs" in runner.plan.table()
+        from tfpar.plan import Plan
+        assert Plan.from_json(runner.plan.to_json()).update_groups == runner.plan.update_groups
         before = runner.run("disc")
         part = list(runner.plan.variable("disc").gradients[0].ops)  # disc's update alone
         with pytest.raises(tfpar.TfparError, match=r"this run updates \['disc'\] on the "
