@@ -326,7 +326,9 @@ def test_update_groups_are_the_runs_that_update_variables_together(optimizer):
     """One minimize() is one group, whatever its optimizer leaves dangling after its
     updates (Adam's reads of the values it assigned); two minimize() results run by turns
     (a GAN) are two; grouped by one tf.group that the script runs, one again; a read
-    after the step (control dependency on the train op) does not split it."""
+    after the step (control dependency on the train op) does not split it. Groups are of
+    updates: a fine-tuning script's head-only and whole-model minimize() put the head's
+    two updates in two groups."""
     def groups(kind):
         g = tf.Graph()
         with g.as_default():
@@ -341,13 +343,20 @@ def test_update_groups_are_the_runs_that_update_variables_together(optimizer):
                 train = optimizer().minimize(loss)
                 with tf.control_dependencies([train]):
                     tf.identity(loss)
+            elif kind == "phases":  # fine-tuning: the head alone, then everything
+                optimizer().minimize(loss, var_list=[d])
+                optimizer().minimize(loss)
             else:
                 g_train = optimizer().minimize(loss, var_list=[emb, w])
                 d_train = optimizer().minimize(-loss, var_list=[d])
                 if kind == "grouped":
                     tf.group(g_train, d_train)
-        return {frozenset(group) for group in analyse(g).update_groups}
+        analysis = analyse(g)
+        if kind == "phases":  # d's two updates are in the two groups
+            assert len({u.group for u in analysis.variable("d").updates}) == 2
+        return {frozenset(group) for group in analysis.update_groups}
 
     assert groups("one") == {frozenset({"emb", "w", "d"})}
     assert groups("turns") == {frozenset({"emb", "w"}), frozenset({"d"})}
     assert groups("grouped") == {frozenset({"emb", "w", "d"})}
+    assert groups("phases") == {frozenset({"d"}), frozenset({"emb", "w", "d"})}

@@ -153,7 +153,7 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
 # The real-script workers below run in one job (tests/support/workers/real_scripts.py),
 # each into its own folder, and their one-device references in one process.
 TOGETHER = ("word2vec", "accumulate", "bert_optimizer", "queues", "loss_scale", "warm_start",
-            "gan")
+            "gan", "fine_tune")
 
 
 @pytest.fixture(scope="module")
@@ -291,3 +291,16 @@ def test_train_ops_run_by_turns_equal_single_device(together):
         assert int(single["final/global_step"]) == 3
         _moved(single, ranks[0], ("emb", "w1", "discriminator/d", "discriminator/d_emb"),
                mode)
+
+
+def test_a_fine_tuning_scripts_two_phases_equal_single_device(together):
+    """A fine-tuning script: the head trained alone (Adam), then the whole model (Momentum,
+    a second minimize() that updates the head too), each phase in its own runs. The head's
+    two updates are two update groups, so a head-only run applies Adam alone (before,
+    with the head's table on the servers, it was refused; with update groups per
+    variable it would have applied the Momentum update too, silently). Every worker ends
+    where one device does, in HYBRID, PS, AR and sharded; rtol 1e-5, atol 1e-6."""
+    for mode in ("HYBRID", "PS", "AR", "SHARDED"):
+        single, ranks = assert_like_one_device(os.path.join(together("fine_tune"), mode))
+        assert int(single["final/global_step"]) == 4
+        _moved(single, ranks[0], ("body/emb", "body/w", "head/w", "head/bias"), mode)

@@ -378,14 +378,15 @@ class _Analyser:
         step = tf.compat.v1.train.get_global_step(self.graph)
         train_ops = tuple(op.name for op in self.graph.get_collection(
             tf.compat.v1.GraphKeys.TRAIN_OP) if isinstance(op, tf.Operation))
-        return GraphAnalysis(tuple(result), step.op.name if step is not None else None, train_ops,
+        return GraphAnalysis(tuple(self._update_groups(result)),
+                             step.op.name if step is not None else None, train_ops,
                              tuple(blockers), training_batch_norms(self.graph),
-                             unsynced_batch_norms(self.graph), self._update_groups(result))
+                             unsynced_batch_norms(self.graph))
 
-    def _update_groups(self, variables) -> Tuple[Tuple[str, ...], ...]:
-        """`GraphAnalysis.update_groups`: the trained variables grouped by the last ops
-        after their updates (ops that nothing reads or waits for: what a user runs, such as
-        `minimize()`'s result or a `tf.group` of several). Variables after the same such
+    def _update_groups(self, variables) -> List[VariableInfo]:
+        """`variables` with each update's `Update.group`: the updates grouped by the last
+        ops after them (ops that nothing reads or waits for: what a user runs, such as
+        `minimize()`'s result or a `tf.group` of several). Updates before the same such
         ops are one group; a GAN's two `minimize()` results, run by turns, make two."""
         control_out = collections.defaultdict(list)
         for op in self.ops:
@@ -398,16 +399,19 @@ class _Analyser:
         # Not what a user runs: an optimizer's own reads after its updates (an assign's
         # read_value that nothing reads), or any read or copy left dangling.
         scopes = tuple(u.scope for v in variables for u in v.updates if u.scope)
-        groups: Dict[frozenset, List[str]] = {}
+        groups: Dict[frozenset, int] = {}
+        out = []
         for v in variables:
-            if v.role != "trained":
-                continue
-            ops = [self.graph.get_operation_by_name(n) for u in v.updates for n in u.ops]
-            ends = frozenset(x.name for x in reachable(ops, after)
-                             if not after(x) and x.type not in _DANGLING
-                             and not x.name.startswith(scopes))
-            groups.setdefault(ends, []).append(v.name)
-        return tuple(tuple(g) for g in groups.values())
+            updates = []
+            for u in v.updates:
+                ops = [self.graph.get_operation_by_name(n) for n in u.ops]
+                ends = frozenset(x.name for x in reachable(ops, after)
+                                 if not after(x) and x.type not in _DANGLING
+                                 and not x.name.startswith(scopes))
+                updates.append(dataclasses.replace(u, group=groups.setdefault(ends,
+                                                                              len(groups))))
+            out.append(dataclasses.replace(v, updates=tuple(updates)) if updates else v)
+        return out
 
     @staticmethod
     def _adds_outside(var_op, step_ops) -> Tuple[str, ...]:

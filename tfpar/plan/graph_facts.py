@@ -47,6 +47,10 @@ class Update:
     # Made inside a TF1 `tf.cond` branch (the variable written through a Switch: a loss
     # scale's "apply only where the gradients are finite"), so a step may skip it.
     conditional: bool = False
+    # The update group: updates that every run which makes one of them makes all of (a
+    # GAN's two minimize() results, run by turns, are two groups; so are a fine-tuning
+    # script's head-only and whole-model ones, though both update the head).
+    group: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +111,15 @@ class GraphAnalysis:
     blockers: Tuple[Blocker, ...] = ()  # what tfpar cannot handle in this graph, each with its fix
     batch_norms: Tuple[str, ...] = ()  # batch-norm ops in training mode (batch statistics)
     unsynced_batch_norms: Tuple[str, ...] = ()  # batch statistics not taken globally
-    # The trained variables in groups whose updates every run that updates one of them
-    # updates all of (a GAN's generator and discriminator, trained by turns, are two).
-    update_groups: Tuple[Tuple[str, ...], ...] = ()
+
+    @property
+    def update_groups(self) -> Tuple[Tuple[str, ...], ...]:
+        """The trained variables of each update group (`Update.group`), in group order."""
+        groups = {}
+        for v in self.trained:
+            for u in v.updates:
+                groups.setdefault(u.group, []).append(v.name)
+        return tuple(tuple(dict.fromkeys(groups[k])) for k in sorted(groups))
 
     @property
     def trained(self) -> Tuple[VariableInfo, ...]:

@@ -35,6 +35,9 @@ class GradientPlan:
     # route "allgather": each worker sums its rows by id before the allgather (exact where
     # the post-processing is linear in the rows: what the update sums it sums first)
     sum_duplicates: bool = False
+    # the update group (Plan.update_groups): its collectives and servers' step are those
+    # of the runs that make this update, apart from other groups'
+    group: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +120,9 @@ class Plan:
     # the step's allreduced gradients travel in route "allgather"'s allgather, each worker
     # summing everyone's (Config.allreduce_by_allgather): one collective a step
     allreduce_by_allgather: bool = False
-    # The trained variables in groups that are updated by different runs (a GAN's
-    # generator and discriminator, by turns): each group's collectives are packed and its
-    # servers' step synchronised apart. () when every update runs together.
+    # The trained variables of each update group (`GradientPlan.group`): updates made by
+    # different runs (a GAN's generator and discriminator, by turns), whose collectives
+    # are packed and servers' steps synchronised apart. () when one run makes them all.
     update_groups: Tuple[Tuple[str, ...], ...] = ()
 
     @property
@@ -177,15 +180,9 @@ class Plan:
             dataclasses.replace(v, predicted_bytes=predicted[v.name]) if v.name in predicted
             else v for v in self.variables))
 
-    def group_of(self, name: str) -> int:
-        """The update group (index in `update_groups`) of a trained variable or its slot."""
-        for v in self.variables:
-            if v.name == name and v.slot_of is not None:
-                name = v.slot_of
-        for k, group in enumerate(self.update_groups):
-            if name in group:
-                return k
-        return 0
+    def groups_of(self, name: str) -> Tuple[int, ...]:
+        """The update groups of every update of a trained variable."""
+        return tuple(sorted({g.group for g in self.variable(name).gradients}))
 
     def variable(self, name: str) -> VariablePlan:
         for v in self.variables:

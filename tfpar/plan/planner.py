@@ -125,7 +125,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                      "training=<a tensor>, or a mean named as tf.nn.moments's but not built "
                      "by it); fused batch norms, tf.nn.moments and Keras's training "
                      "tensor's tf.cond are normalised over the global batch")
-    groups = _update_groups(analysis, variables)
+    variables, groups = _update_groups(variables)
+    plan = dataclasses.replace(plan, variables=tuple(variables))
     ids_ahead = False
     if config.ids_ahead:
         sparse = [v for v in variables if v.slot_of is None and v.kind == "sparse"]
@@ -185,13 +186,23 @@ def _allreduce_by_allgather(variables: List[VariablePlan], config: Config,
     return on
 
 
-def _update_groups(analysis: GraphAnalysis, variables) -> Tuple[Tuple[str, ...], ...]:
-    """Plan.update_groups: the analysis's groups of the variables the plan trains, or ()
-    where one run updates them all."""
-    trained = {v.name for v in variables if v.gradients and v.slot_of is None}
-    groups = tuple(g for g in (tuple(n for n in group if n in trained)
-                               for group in analysis.update_groups) if g)
-    return groups if len(groups) > 1 else ()
+def _update_groups(variables) -> Tuple[List[VariablePlan], Tuple[Tuple[str, ...], ...]]:
+    """The variables with their updates' groups numbered from 0 in order, and
+    Plan.update_groups (() where one run makes every update)."""
+    number: Dict[int, int] = {}
+    for v in variables:
+        for g in v.gradients:
+            number.setdefault(g.group, len(number))
+    if len(number) < 2:
+        number = {k: 0 for k in number}
+    out, names = [], {}
+    for v in variables:
+        grads = tuple(dataclasses.replace(g, group=number[g.group]) for g in v.gradients)
+        for g in grads:
+            names.setdefault(g.group, []).append(v.name)
+        out.append(dataclasses.replace(v, gradients=grads) if grads else v)
+    groups = tuple(tuple(dict.fromkeys(names[k])) for k in sorted(names))
+    return out, (groups if len(groups) > 1 else ())
 
 
 def _ahead(config: Config) -> bool:
@@ -601,7 +612,7 @@ def _gradients(v: VariableInfo, sum_duplicates: bool = False) -> Tuple[GradientP
                               final_indices=u.gradient.final_indices,
                               row_sums=u.gradient.row_sums,
                               sum_duplicates=sum_duplicates and u.gradient.kind == "sparse"
-                              and _sum_first_problem(u.gradient) is None)
+                              and _sum_first_problem(u.gradient) is None, group=u.group)
                  for u in v.updates)
 
 

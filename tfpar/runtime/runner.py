@@ -346,7 +346,7 @@ class Runner(surgery.session_base()):
         self._ps = ps
         # {update op of the user's graph: (its variable, its update group)}: a run updates
         # whole groups (Plan.update_groups), each with its collectives and servers' step.
-        self._update_groups = {op: (v.name, plan.group_of(v.name)) for v in plan.variables
+        self._update_groups = {op: (v.name, g.group) for v in plan.variables
                                if v.slot_of is None for g in v.gradients for op in g.ops} \
             if source_graph is not None else {}
         self._ps_variables = {v.name for v in plan.variables if v.route == "ps"} \
@@ -645,12 +645,13 @@ class Runner(surgery.session_base()):
             reached = {self._update_groups[op.name] for op in upstream(ops)
                        if op.name in self._update_groups}
             groups = frozenset(group for _, group in reached)
-            on_ps = {name for name, _ in reached} & self._ps_variables
-            missing = sorted({name for name, group in self._update_groups.values()
-                              if group in groups and name in self._ps_variables} - on_ps)
+            on_ps = {(name, group) for name, group in reached if name in self._ps_variables}
+            missing = {(name, group) for name, group in self._update_groups.values()
+                       if group in groups and name in self._ps_variables} - on_ps
             self._runs_groups[key] = (groups, None if not on_ps or not missing else (
-                f"this run updates {sorted(on_ps)} on the parameter servers but not "
-                f"{missing}, which every other run that updates them updates with them: "
+                f"this run updates {sorted({n for n, _ in on_ps})} on the parameter servers "
+                f"but not {sorted({n for n, _ in missing})}, which every other run that "
+                "updates them updates with them: "
                 "tfpar's parameter-server step applies their updates together, so it would "
                 "update those too. Run what the other runs run (an optimizer's minimize() "
                 "result or a tf.group of them), or give the variables of one of them a "

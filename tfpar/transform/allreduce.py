@@ -36,7 +36,7 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
         for v in plan.variables:
             for k, g in enumerate(v.gradients):
                 scope = f"tfpar/{v.route}/{safe_name(v.name)}_{k}/"
-                group = plan.group_of(v.name)
+                group = g.group
                 with tf.compat.v1.name_scope(scope), _of_group(traffic, group):
                     values = graph.get_tensor_by_name(g.values)
                     indices = None if g.indices is None else graph.get_tensor_by_name(g.indices)

@@ -126,11 +126,12 @@ class _Rewriter:
                                              for p in [v] + self.slots[v.name]])
             # One servers' step per update group: a GAN's generator and discriminator,
             # trained by turns, each count, push, apply and take tokens on their own.
-            groups: Dict[int, List[VariablePlan]] = {}
+            groups: Dict[int, List[tuple]] = {}  # group -> its updates (variable, index)
             for v in self.ps_vars:
-                groups.setdefault(self.plan.group_of(v.name), []).append(v)
+                for i, g in enumerate(v.gradients):
+                    groups.setdefault(g.group, []).append((v, i))
             done = {}
-            for group, variables in sorted(groups.items()):
+            for group, updates in sorted(groups.items()):
                 tag = f"_group_{group}" if group else ""
                 with tf.device(self.worker), tf.compat.v1.name_scope("tfpar/sync/"):
                     step_var = tf.compat.v1.get_local_variable(
@@ -138,7 +139,7 @@ class _Rewriter:
                         initializer=tf.compat.v1.zeros_initializer())
                     step = step_var.read_value()
                 with self.traffic.of_group(group):
-                    done[group] = self._sync(step, step_var, group, variables, tag)
+                    done[group] = self._sync(step, step_var, group, updates, tag)
             on_ps = self.g.get_collection(PS_VARIABLES)
             init = tf.compat.v1.variables_initializer(on_ps, name="tfpar/ps/init")
             frees = []
@@ -375,14 +376,16 @@ class _Rewriter:
         original at run time fails loudly (it is never initialised), never silently."""
         return op not in self._training_ops()
 
-    def _training_ops(self, variables: Optional[List[VariablePlan]] = None):
-        """The ops the updates of `variables` (default: every trained one) wait for."""
-        if variables is not None:
-            roots = [self.g.get_operation_by_name(n) for v in variables
-                     for g in v.gradients for n in g.ops]
+    def _training_ops(self, updates: Optional[List[tuple]] = None):
+        """The ops that `updates` ((variable, index); default: every trained variable's)
+        wait for."""
+        if updates is not None:
+            roots = [self.g.get_operation_by_name(n) for v, i in updates
+                     for n in v.gradients[i].ops]
             return reachable(roots, lambda x: [t.op for t in x.inputs] + list(x.control_inputs))
         if not hasattr(self, "_in_training"):
-            self._in_training = self._training_ops(list(self.plan.variables))
+            self._in_training = self._training_ops([(v, i) for v in self.plan.variables
+                                                    for i in range(len(v.gradients))])
         return self._in_training
 
     def _resource(self, v: VariablePlan) -> bool:
@@ -458,8 +461,6 @@ class _Rewriter:
             self.traffic.add("ps_push", nbytes(t))
 
     # -- gradients -------------------------------------------------------------------------------
-    def _group_collectives(self, v: VariablePlan) -> List[tf.Tensor]:
-        return self.collectives.setdefault(self.plan.group_of(v.name), [])
 
     def _prepare_gradients(self):
         """Makes what each worker pushes its exact share of what the update reads.
@@ -473,64 +474,63 @@ class _Rewriter:
         from tfpar.transform.allreduce import allreduce
         n = self.plan.num_workers
         for v in self.ps_vars:
-            with self.traffic.of_group(self.plan.group_of(v.name)):
-                self._prepare_gradients_of(v, n, allreduce)
+            for i, g in enumerate(v.gradients):
+                with self.traffic.of_group(g.group):
+                    self._prepare_gradient(v, i, g, n, allreduce)
 
-    def _prepare_gradients_of(self, v: VariablePlan, n: int, allreduce):
-        """`_prepare_gradients` for the updates of `v`."""
-        for i, g in enumerate(v.gradients):
-            key = (v.name, i)
-            raw = self.g.get_tensor_by_name(g.values)
-            final = self.g.get_tensor_by_name(g.final_values or g.values)
-            scope = f"tfpar/gradient/{scope_name(v.name)}_{i}/"
-            if not self.plan.sync:
-                # Asynchronous: each worker applies what its own batch gives, unscaled
-                # and post-processed on its own (a dense one it holds whole).
-                self.final[key] = final
-                if g.indices is None:
-                    self.combined_first.add(key)
-                else:
-                    self.final_indices[key] = self.g.get_tensor_by_name(
-                        g.final_indices or g.indices)
-                continue
-            new, readers = raw, set(raw.consumers())
-            with tf.device(self.worker), tf.compat.v1.name_scope(scope):
-                if g.indices is None and (g.post_processed or self._read_elsewhere(v, i, raw)):
-                    if n > 1:
-                        new = allreduce(raw, v.reduction == "average", n, self.traffic)
-                        self._group_collectives(v).append(new)
-                    self.combined_first.add(key)
-                elif v.reduction == "average" and n > 1:
-                    new = raw * tf.constant(1.0 / n, raw.dtype)
-            if new is not raw:  # all but the ops just built on it read `new`
-                surgery.replace_uses(raw, new, keep=[c for c in raw.consumers()
-                                                     if c not in readers])
-            self.final[key] = new if final is raw else final
-            if g.indices is not None:
+    def _prepare_gradient(self, v: VariablePlan, i: int, g, n: int, allreduce):
+        """`_prepare_gradients` for update `i` of `v` (its gradient `g`)."""
+        key = (v.name, i)
+        raw = self.g.get_tensor_by_name(g.values)
+        final = self.g.get_tensor_by_name(g.final_values or g.values)
+        scope = f"tfpar/gradient/{scope_name(v.name)}_{i}/"
+        if not self.plan.sync:
+            # Asynchronous: each worker applies what its own batch gives, unscaled
+            # and post-processed on its own (a dense one it holds whole).
+            self.final[key] = final
+            if g.indices is None:
+                self.combined_first.add(key)
+            else:
                 self.final_indices[key] = self.g.get_tensor_by_name(
                     g.final_indices or g.indices)
-            for name in g.row_sums if n > 1 else ():
-                partial = self.g.get_tensor_by_name(name)
-                with tf.device(self.worker), tf.compat.v1.name_scope(scope + "row_sum/"):
-                    total = allreduce(partial, False, n, self.traffic)
-                surgery.replace_uses(partial, total, keep=[total.op])
-                self._group_collectives(v).append(total)
+            return
+        new, readers = raw, set(raw.consumers())
+        with tf.device(self.worker), tf.compat.v1.name_scope(scope):
+            if g.indices is None and (g.post_processed or self._read_elsewhere(v, i, raw)):
+                if n > 1:
+                    new = allreduce(raw, v.reduction == "average", n, self.traffic)
+                    self.collectives.setdefault(g.group, []).append(new)
+                self.combined_first.add(key)
+            elif v.reduction == "average" and n > 1:
+                new = raw * tf.constant(1.0 / n, raw.dtype)
+        if new is not raw:  # all but the ops just built on it read `new`
+            surgery.replace_uses(raw, new, keep=[c for c in raw.consumers()
+                                                 if c not in readers])
+        self.final[key] = new if final is raw else final
+        if g.indices is not None:
+            self.final_indices[key] = self.g.get_tensor_by_name(
+                g.final_indices or g.indices)
+        for name in g.row_sums if n > 1 else ():
+            partial = self.g.get_tensor_by_name(name)
+            with tf.device(self.worker), tf.compat.v1.name_scope(scope + "row_sum/"):
+                total = allreduce(partial, False, n, self.traffic)
+            surgery.replace_uses(partial, total, keep=[total.op])
+            self.collectives.setdefault(g.group, []).append(total)
 
     def _read_elsewhere(self, v: VariablePlan, i: int, raw: tf.Tensor) -> bool:
         """Whether ops other than the update read a dense gradient (then they need it whole)."""
         update = set(self._update_ops(v, i))
         return any(c not in update for c in raw.consumers())
 
-    def _sync(self, step: tf.Tensor, step_var, group: int, variables: List[VariablePlan],
+    def _sync(self, step: tf.Tensor, step_var, group: int, updates: List[tuple],
               tag: str) -> tf.Operation:
         """Pushes, (local chief) forwards, (chief) applies and tokens: one synchronous step
-        of the update group's `variables` (`tag` names its own state)."""
+        of the update group's `updates` ((variable, index); `tag` names its own state)."""
         if not self.plan.sync:
-            return self._apply_own(step_var, group, variables, tag)
+            return self._apply_own(step_var, group, updates, tag)
         route = _Route.of(self.plan, self.rank)
-        self.wanted_before = self._wanted_before_updates(variables)
-        combined_first = {key for key in self.combined_first
-                          if key[0] in {v.name for v in variables}}
+        self.wanted_before = self._wanted_before_updates(updates)
+        combined_first = self.combined_first & {(v.name, i) for v, i in updates}
         if self.wanted_before and combined_first and self.plan.num_workers > 1:
             # The chief applies a gradient every worker holds whole without waiting for any
             # push: a scalar allreduce, joined once those ops ran, makes it wait for them.
@@ -549,12 +549,11 @@ class _Rewriter:
                 self.collectives.setdefault(group, []).append(
                     seen.assign(joined, read_value=False))
         pushes, forwards, owned = [], [], []
-        for v in variables:
-            for i in range(len(v.gradients)):
-                for k, part, accum, push, forward in self._push_gradient(v, i, step, route):
-                    pushes.extend([push] if push is not None else [])
-                    forwards.extend([forward] if forward is not None else [])
-                    owned.append((v, i, k, part, accum))
+        for v, i in updates:
+            for k, part, accum, push, forward in self._push_gradient(v, i, step, route):
+                pushes.extend([push] if push is not None else [])
+                forwards.extend([forward] if forward is not None else [])
+                owned.append((v, i, k, part, accum))
         joined = self._run_collectives(group, tag)
         with tf.control_dependencies(pushes + forwards + joined):
             after_push = tf.no_op(name="tfpar/sync/pushed" + tag)
@@ -579,13 +578,13 @@ class _Rewriter:
             done = tf.group(step_var.assign_add(1, read_value=False),
                             name="tfpar/sync/done" + tag)
         if self.markers is not None:
-            training = self._training_ops(variables)
+            training = self._training_ops(updates)
             reads = [t for t in self.step_reads if any(c in training for c in t.consumers())]
             self.markers.attach("read", reads, [done], group)
             self.markers.attach("joined", joined, [done], group)
             self.markers.attach("pushed", pushes + forwards, [done], group)
             self.markers.attach("applied" if route.chief else "token", [synced], [done], group)
-        self._replace_updates(done, variables)
+        self._replace_updates(done, updates)
         return done
 
     def _run_collectives(self, group: int, tag: str) -> List[tf.Operation]:
@@ -609,36 +608,35 @@ class _Rewriter:
                      for t in outputs]
             return ops + [seen.assign(tf.add_n(first), read_value=False)]
 
-    def _apply_own(self, step_var, group: int, variables: List[VariablePlan],
+    def _apply_own(self, step_var, group: int, updates: List[tuple],
                    tag: str) -> tf.Operation:
         """Asynchronous step: this worker applies its own gradient to every part on the PS,
         with no accumulator, no chief and no token: no worker waits for another."""
         applied, last = [], {}
-        for v in variables:
-            for i in range(len(v.gradients)):
-                key = (v.name, i)
-                pieces = [None] * len(v.parts)
-                if key not in self.combined_first:
-                    name = scope_name(v.name) + (f"/update_{i}" if i else "")
-                    with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
-                        uniq, summed = sum_by_id(self.final_indices[key], self.final[key])
-                        split, _ = self._split(v, uniq, summed)
-                        pieces = [tf.IndexedSlices(vals, ids) for ids, vals in split]
-                        for ids, vals in split:
-                            self._count_push(vals, ids)
-                else:
-                    with tf.device(self.worker):
-                        self._count_push(self.final[key])
-                for k, part in enumerate(v.parts):
-                    with tf.control_dependencies(last.get((v.name, k), [])):
-                        op = self._apply(v, i, k, part, pieces[k])
-                    applied.append(op)
-                    last[(v.name, k)] = [op]
+        for v, i in updates:
+            key = (v.name, i)
+            pieces = [None] * len(v.parts)
+            if key not in self.combined_first:
+                name = scope_name(v.name) + (f"/update_{i}" if i else "")
+                with tf.device(self.worker), tf.compat.v1.name_scope(f"tfpar/push/{name}/"):
+                    uniq, summed = sum_by_id(self.final_indices[key], self.final[key])
+                    split, _ = self._split(v, uniq, summed)
+                    pieces = [tf.IndexedSlices(vals, ids) for ids, vals in split]
+                    for ids, vals in split:
+                        self._count_push(vals, ids)
+            else:
+                with tf.device(self.worker):
+                    self._count_push(self.final[key])
+            for k, part in enumerate(v.parts):
+                with tf.control_dependencies(last.get((v.name, k), [])):
+                    op = self._apply(v, i, k, part, pieces[k])
+                applied.append(op)
+                last[(v.name, k)] = [op]
         with tf.control_dependencies(applied + self._run_collectives(group, tag)), \
                 tf.device(self.worker):
             done = tf.group(step_var.assign_add(1, read_value=False),
                             name="tfpar/sync/done" + tag)
-        self._replace_updates(done, variables)
+        self._replace_updates(done, updates)
         return done
 
     def _push_gradient(self, v: VariablePlan, i: int, step, route: "_Route"):
@@ -771,7 +769,7 @@ class _Rewriter:
         with tf.device(device):
             return tf.group(*sinks, name=f"tfpar/apply/{name}/part_{k}/done")
 
-    def _wanted_before_updates(self, variables: List[VariablePlan]) -> List[tf.Operation]:
+    def _wanted_before_updates(self, updates: List[tuple]) -> List[tf.Operation]:
         """The ops the user's graph runs before the updates of PS variables by control
         dependency (e.g. reads of the step's values, batch norm's UPDATE_OPS).
 
@@ -780,7 +778,7 @@ class _Rewriter:
         for every push, then comes after them on every worker. Without this another worker
         could read a variable after the chief updated it.
         """
-        update = {op for v in variables for op in self._update_ops(v)}
+        update = {op for v, i in updates for op in self._update_ops(v, i)}
         boundary = set(self.final.values()) | set(self.final_indices.values())
         wanted, seen, stack = [], set(), list(update)
         while stack:
@@ -814,12 +812,12 @@ class _Rewriter:
             self._after_updates = seen
         return op in self._after_updates
 
-    def _replace_updates(self, done: tf.Operation, variables: List[VariablePlan]):
-        """Whatever waited for the original updates of these PS variables now waits for
-        `done`, their group's step."""
+    def _replace_updates(self, done: tf.Operation, updates: List[tuple]):
+        """Whatever waited for these original updates ((variable, index)) of PS variables
+        now waits for `done`, their group's step."""
         old = set()
-        for v in variables:
-            old.update(self._update_ops(v))
+        for v, i in updates:
+            old.update(self._update_ops(v, i))
         for op in self.g.get_operations():
             if op in old or op is done:
                 continue

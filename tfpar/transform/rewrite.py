@@ -53,13 +53,12 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     ps = (apply_parameter_server(graph, plan, rank, traffic, ps_prefix, markers)
           if distributed else None)
     combined = apply_allreduce(graph, plan, traffic)
-    variable_of = {t: v.name for v in plan.variables for g in v.gradients
-                   for t in (g.values, g.indices) if t}
+    group_of = {t: g.group for v in plan.variables for g in v.gradients
+                for t in (g.values, g.indices) if t}
     for group in range(max(1, len(plan.update_groups))):  # each group's runs mark their own
-        names = {v.name for v in plan.variables if plan.group_of(v.name) == group}
         markers.attach("joined", [graph.get_tensor_by_name(new) for old, new in combined.items()
-                                  if variable_of.get(old) in names],
-                       _collective_updates(graph, plan, names), group)
+                                  if group_of.get(old, 0) == group],
+                       _collective_updates(graph, plan, group), group)
     apply_sync_batch_norm(graph, plan, traffic)  # last: it rewires what the others read
     keep_lookups_gathered(graph, _updated_in_place(plan))
     _count_steps(graph, plan, ps, traffic.build(max(1, len(plan.update_groups))), tiled)
@@ -89,12 +88,12 @@ def _updated_in_place(plan: Plan):
             and v.route not in ("ps", "sharded", "tiled")]
 
 
-def _collective_updates(graph: tf.Graph, plan: Plan, names=None):
+def _collective_updates(graph: tf.Graph, plan: Plan, group: Optional[int] = None):
     """The update ops of the variables whose gradients the allreduce rewrite combines
-    (of those in `names` if given)."""
+    (of update group `group` if given)."""
     return [graph.get_operation_by_name(name) for v in plan.variables
-            if v.route in ("allreduce", "allgather") and (names is None or v.name in names)
-            for g in v.gradients for name in g.ops]
+            if v.route in ("allreduce", "allgather") for g in v.gradients
+            if group is None or g.group == group for name in g.ops]
 
 
 def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_steps: List[tf.Operation],
@@ -103,11 +102,11 @@ def _count_steps(graph: tf.Graph, plan: Plan, ps, traffic_steps: List[tf.Operati
     group's)."""
     for group, step in (ps.steps.items() if ps is not None else ()):
         surgery.add_control_inputs(step, [traffic_steps[group]])
-    for name, update in (tiled.updates if tiled is not None else ()):
-        surgery.add_control_inputs(update, [traffic_steps[plan.group_of(name)]])
-    for v in plan.variables:
-        for update in _collective_updates(graph, plan, {v.name}):
-            surgery.add_control_inputs(update, [traffic_steps[plan.group_of(v.name)]])
+    for group, update in (tiled.updates if tiled is not None else ()):
+        surgery.add_control_inputs(update, [traffic_steps[group]])
+    for group, step in enumerate(traffic_steps):
+        for update in _collective_updates(graph, plan, group):
+            surgery.add_control_inputs(update, [step])
 
 
 def _pin_to_worker(graph: tf.Graph, rank: int):

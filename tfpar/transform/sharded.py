@@ -58,7 +58,7 @@ class ShardedRewrite:
     the input staged a step ahead (`Plan.ids_ahead`; else None)."""
 
     tiles: Dict[str, tf.Variable]
-    updates: List[Tuple[str, tf.Operation]]  # (variable name, its new update op)
+    updates: List[Tuple[int, tf.Operation]]  # (update group, a new update op)
     ahead: Optional[InputAhead] = None
     # {original tensor or op name: its replacement}: the user's writes and reads of the
     # sharded variables outside the training step (`outside_uses`), for the runner's fetches.
@@ -92,16 +92,16 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
             s.copy_averages(made)
         # Lookups of variables split alike with one ids tensor (a sampled softmax's weights
         # and biases) share their exchanges: one all-to-all of the ids, one of their rows.
-        # The lookups of the variables of one update group (Plan.update_groups) go in one
-        # exchange; another group's runs may lack their ids (a GAN's real images).
+        # The lookups of variables with the same update groups (Plan.update_groups) go in
+        # one exchange; another group's runs may lack their ids (a GAN's real images).
         groups: Dict[tuple, List[_Lookup]] = {}
         for lk in lookups:
-            key = (plan.group_of(lk.owner.v.name), lk.ids.name, tuple(lk.owner.starts),
+            key = (plan.groups_of(lk.owner.v.name), lk.ids.name, tuple(lk.owner.starts),
                    lk.owner.part.dtype.base_dtype.name)
             groups.setdefault(key, []).append(lk)
-        for update_group in sorted({key[0] for key in groups}):
-            _lookups([g for key, g in groups.items() if key[0] == update_group], exchanges,
-                     ahead, f"_group_{update_group}" if update_group else "")
+        for k, update_groups in enumerate(sorted({key[0] for key in groups})):
+            _lookups([g for key, g in groups.items() if key[0] == update_groups], exchanges,
+                     ahead, f"_group_{k}" if k else "")
         if ahead is not None:
             ahead.finish()
         # Every gradient's rows go to their owners in one all-to-all (per dtype), unless
@@ -109,7 +109,7 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
         sends = [s.outgoing(i, g) for s in variables for i, g in enumerate(s.v.gradients)]
         _exchange_gradients(sends, exchanges, _update_ops_of(graph, plan), plan)
         for send in sends:
-            updates.append((send.owner.v.name, send.owner.apply(send, made)))
+            updates.append((send.g.group, send.owner.apply(send, made)))
         replaced: Dict[str, object] = {}
         for s in variables:
             replaced.update(s.rewire_outside_step())
@@ -625,7 +625,7 @@ def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops,
     together: Dict[str, List[_Send]] = {}
     for send in sends:
         alone = _depends_on([send.values, send.indices], update_ops)
-        key = (f"{send.rows.dtype.name}_{plan.group_of(send.owner.v.name)}" if not alone
+        key = (f"{send.rows.dtype.name}_{send.g.group}" if not alone
                else f"alone_{len(together)}")
         together.setdefault(key, []).append(send)
     for k, group in enumerate(together.values()):

@@ -66,7 +66,7 @@ class TiledRewrite:
     {original tensor or op name: its replacement} for the runner's fetches."""
 
     tiles: Dict[str, tf.Variable]
-    updates: List[Tuple[str, tf.Operation]]  # (variable name, its new update op)
+    updates: List[Tuple[int, tf.Operation]]  # (update group, a new update op)
     replaced: Dict[str, object] = dataclasses.field(default_factory=dict)
 
 
@@ -641,7 +641,7 @@ def _replace_update(graph, v: VariablePlan, var_op, tile, grad, by_name, rank, s
     for op in graph.get_operations():
         if apply in op.control_inputs:
             surgery.replace_control_inputs(op, [apply], new)
-    updates.append((v.name, new))
+    updates.append((v.gradients[0].group, new))
 
 
 def _forget_whole(graph: tf.Graph, made: Dict[str, tf.Variable]):
