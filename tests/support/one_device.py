@@ -10,6 +10,16 @@ import tensorflow as tf
 
 tf1 = tf.compat.v1
 RTOL, ATOL = 1e-5, 1e-6
+# Every mode and the sparse routes a script with tables runs in: {mode: tfpar.Config args}
+EVERY_MODE = {"HYBRID": {"run_mode": "HYBRID"}, "PS": {"run_mode": "PS"},
+              "AR": {"run_mode": "AR"},
+              "SHARDED": {"run_mode": "HYBRID", "sparse_route": "sharded"}}
+
+
+def command_line(main) -> None:
+    """A worker run on its own: `main(OUT_DIR)`, or `main(OUT_DIR, N)` after --single N."""
+    args = sys.argv[1:]
+    main(args[0], int(args[2]) if len(args) > 2 and args[1] == "--single" else None)
 
 
 def single_device(graph: tf.Graph, variables, job_file: str, train):

@@ -11,7 +11,6 @@ Writes OUT_DIR/<mode>/rank<r>.npz or single.npz (init/<var>, final/<var>) for th
 HYBRID, AR and PS.
 """
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -68,5 +67,4 @@ def main(out, single=None):
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(args[0], int(args[2]) if len(args) > 2 and args[1] == "--single" else None)
+    one_device.command_line(main)

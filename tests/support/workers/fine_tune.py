@@ -9,7 +9,6 @@ Writes OUT_DIR/<mode>/rank<r>.npz (init/<var>, final/<var>) or single.npz for HY
 tables on the parameter servers), PS (every variable there), AR and SHARDED.
 """
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -20,8 +19,7 @@ from tests.support import one_device  # noqa: E402
 
 tf1 = tf.compat.v1
 BATCH, STEPS, VOCAB = 4, 4, 12
-MODES = {"HYBRID": {"run_mode": "HYBRID"}, "PS": {"run_mode": "PS"}, "AR": {"run_mode": "AR"},
-         "SHARDED": {"run_mode": "HYBRID", "sparse_route": "sharded"}}
+MODES = one_device.EVERY_MODE
 
 
 def build():
@@ -68,5 +66,4 @@ def main(out, single=None):
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(args[0], int(args[2]) if len(args) > 2 and args[1] == "--single" else None)
+    one_device.command_line(main)

@@ -11,7 +11,6 @@ embeddings on the parameter servers, each updated by one side's runs), PS (every
 there), AR and SHARDED (sparse_route="sharded").
 """
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -22,8 +21,7 @@ from tests.support import models, one_device  # noqa: E402
 
 tf1 = tf.compat.v1
 BATCH, STEPS, VOCAB = 4, 3, 12
-MODES = {"HYBRID": {"run_mode": "HYBRID"}, "AR": {"run_mode": "AR"}, "PS": {"run_mode": "PS"},
-         "SHARDED": {"run_mode": "HYBRID", "sparse_route": "sharded"}}
+MODES = one_device.EVERY_MODE
 
 
 def build():
@@ -71,5 +69,4 @@ def main(out, single=None):
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(args[0], int(args[2]) if len(args) > 2 and args[1] == "--single" else None)
+    one_device.command_line(main)
