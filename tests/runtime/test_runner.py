@@ -440,6 +440,9 @@ def test_train_ops_run_by_turns_each_take_their_own_servers_step():
             runner.run(part, {h["ids"]: [1, 2], h["real"]: [[1.0], [0.5]]})
         np.testing.assert_array_equal(runner.run("disc"), before)  # nothing ran
         got = turns(runner.run, h)
+        assert runner.communication()["steps"] == 6  # each side's runs count
+        runner.run([h["g_train"], h["d_train"]], {h["ids"]: [1], h["real"]: [[1.0]]})
+        assert runner.communication()["steps"] == 7  # both sides in one run: one step
     for want, have in zip(expected, got):
         np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
 

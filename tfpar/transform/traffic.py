@@ -57,13 +57,15 @@ class Traffic:
 
     def build(self, groups: int = 1) -> List[tf.Operation]:
         """For each update group, the op that adds one of its steps' bytes (and 1 to the
-        step count) to the counters."""
+        step count) to the counters. The groups share the step count's op: a run that
+        makes two groups' updates counts one step (an op runs once a session run)."""
         out = []
         with self.graph.as_default(), tf.device(self.device), \
                 tf.compat.v1.name_scope(SCOPE):
+            step = self._var("steps").assign_add(tf.constant(1.0, tf.float64),
+                                                 read_value=False)
             for group in range(groups):
-                updates = [self._var("steps").assign_add(tf.constant(1.0, tf.float64),
-                                                         read_value=False)]
+                updates = [step]
                 for path in PATHS:
                     self._var(path)
                     terms = [t for g, t in self.terms[path] if g is None or g == group]
