@@ -249,6 +249,19 @@ def feed(handles, x, y, ids):
     return fd
 
 
+def initialise(sess, graph) -> None:
+    """Initialises every global variable of `graph` in a plain session, the trained ones
+    first: a TF1 moving average's shadow of a reference variable is initialised from the
+    variable once that is initialised, and in the same run that read races the variable's
+    own initialiser (rarely: 'Attempting to use uninitialized value')."""
+    trained = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    first = {id(v) for v in trained}
+    sess.run(tf.compat.v1.variables_initializer(trained))
+    sess.run(tf.compat.v1.variables_initializer([
+        v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        if id(v) not in first]))
+
+
 def variable_values(sess, graph):
     """{variable op name: value} for every global variable (slots and step included)."""
     variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)

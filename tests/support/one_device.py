@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from tests.support import models
+
 tf1 = tf.compat.v1
 RTOL, ATOL = 1e-5, 1e-6
 # Every mode and the sparse routes a script with tables runs in: {mode: tfpar.Config args}
@@ -28,7 +30,7 @@ def single_device(graph: tf.Graph, variables, job_file: str, train):
     initial values (`init/<name>` of `job_file`, worker 0's)."""
     job = np.load(job_file)
     with graph.as_default(), tf1.Session(graph=graph) as sess:
-        sess.run(tf1.global_variables_initializer())
+        models.initialise(sess, graph)
         for v in variables:
             v.load(job["init/" + v.op.name], sess)
         train(sess)

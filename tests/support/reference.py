@@ -19,7 +19,7 @@ def single_device(scenario, n, init):
     with graph.as_default():
         variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
         with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
+            models.initialise(sess, graph)
             for v in variables:
                 v.load(init[v.op.name], sess)
             losses, norms = [], []
