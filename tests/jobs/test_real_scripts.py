@@ -153,7 +153,7 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
 # The real-script workers below run in one job (tests/support/workers/real_scripts.py),
 # each into its own folder, and their one-device references in one process.
 TOGETHER = ("word2vec", "accumulate", "bert_optimizer", "queues", "loss_scale", "warm_start",
-            "gan", "fine_tune")
+            "gan", "fine_tune", "late_ops")
 
 
 @pytest.fixture(scope="module")
@@ -304,3 +304,26 @@ def test_a_fine_tuning_scripts_two_phases_equal_single_device(together):
         single, ranks = assert_like_one_device(os.path.join(together("fine_tune"), mode))
         assert int(single["final/global_step"]) == 4
         _moved(single, ranks[0], ("body/emb", "body/w", "head/w", "head/bias"), mode)
+
+
+def test_ops_built_after_the_runner_run_as_in_a_plain_session(together):
+    """A TF1 script that builds ops after its session exists: its own
+    `global_variables_initializer()` run, a streaming metric and its
+    `local_variables_initializer()`, a learning rate halved by an `assign` built in the
+    loop, evaluation reads of the table (a norm, a lookup) and a Saver built last, saved
+    by the chief alone. Before, each was refused as not in the graph given to
+    get_runner. The variables, slots and every evaluation equal one device's on both
+    workers' batches, in HYBRID (the table on the servers), PS, AR and sharded, and the
+    chief's checkpoint holds the single-device model (PS parts whole); rtol 1e-5,
+    atol 1e-6."""
+    for mode in ("HYBRID", "PS", "AR", "SHARDED"):
+        folder = os.path.join(together("late_ops"), mode)
+        single, ranks = assert_like_one_device(folder)
+        assert int(single["final/global_step"]) == 3 and single["final/lr"] == np.float32(0.05)
+        _moved(single, ranks[0], ("emb", "w", "emb/Adagrad"), mode)
+        if mode == "SHARDED":
+            continue
+        saved = tf.train.load_checkpoint(os.path.join(folder, "saved"))
+        for key in (k for k in single.files if k.startswith("final/")):
+            np.testing.assert_allclose(saved.get_tensor(key[len("final/"):]), single[key],
+                                       rtol=1e-5, atol=1e-6, err_msg=f"{mode} {key}")

@@ -9,7 +9,7 @@ import os
 import re
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +34,7 @@ from tfpar.graph.naming import safe_name
 from tfpar.transform.parameter_server import ps_device, worker_device
 from tfpar.transform.rewrite import rewrite
 from tfpar.transform.collectives import tile_of, whole
+from tfpar.transform.late_ops import LateOps
 from tfpar.transform.tiled import chains, predicted_bytes
 from tfpar.transform.traffic import PATHS, counters
 
@@ -280,7 +281,8 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
                   liveness=live if hvd.size() > 1 else None,
                   tiles=tiled.tiles if tiled is not None else None,
                   stages=done.stages.reads, stage_groups=done.stages.groups, ahead=done.ahead,
-                  replaced=tiled.replaced if tiled is not None else None)
+                  replaced=tiled.replaced if tiled is not None else None,
+                  known=frozenset(node.name for node in meta.graph_def.node))
 
 
 def _tile_setters(plan: Plan, tiled, rank: int):
@@ -311,7 +313,8 @@ class Runner(surgery.session_base()):
     def __init__(self, session, graph: tf.Graph, plan: Plan, worker_id: int, num_workers: int,
                  source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
                  broadcast=None, entries=(), assigner=None, liveness=None, tiles=None,
-                 stages=None, ahead=None, replaced=None, stage_groups=None):
+                 stages=None, ahead=None, replaced=None, stage_groups=None,
+                 known: Optional[FrozenSet[str]] = None):
         self._session = session
         self._liveness = liveness
         self._stages = dict(stages or {})  # stage -> its markers' values (see _where)
@@ -382,6 +385,13 @@ class Runner(surgery.session_base()):
             self._replaced.update(ahead.replaced)
             self._ahead_reads = {op.name for op in ahead.reads}
             self._advance = ahead.advance
+        # Ops the script adds to its graph after get_runner (`known`: the names it had),
+        # copied into this graph on first use; variables held in parts or tiles read whole.
+        self._moved = {name: "ps" for name in (ps.reads if ps is not None else ())}
+        self._moved.update({name: plan.variable(name).route for name in self._tiles})
+        self._late = LateOps(source_graph, graph, known, self._existing, self._moved,
+                             self._read) \
+            if source_graph is not None and known is not None else None
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
     num_workers = property(lambda self: self._num_workers, doc="How many workers the job has.")
@@ -571,6 +581,14 @@ class Runner(surgery.session_base()):
         name = getattr(fetches, "name", fetches)
         if isinstance(name, str) and is_saver_op(name):  # saver.save(runner) or restore
             feeds = {getattr(k, "name", k): v for k, v in (feed_dict or {}).items()}
+            if self._late is not None and self._late_name(name):  # a Saver built later
+                if _RESTORE_OP.search(name.split(":")[0]):
+                    path = next(iter(feeds.values()))
+                    self.restore(path.decode() if isinstance(path, bytes) else str(path),
+                                 saver_restores(self._source, name))
+                    return None
+                feeds = {self._element(k, feed=True).name: v for k, v in feeds.items()}
+                name = self._element(name).name
             return self.session.run(name, feeds, options, run_metadata)
         mapped = tf.nest.map_structure(self._element, fetches)
         groups = self._groups_of_run(fetches)
@@ -865,7 +883,8 @@ class Runner(surgery.session_base()):
             target = surgery.fetch_target(x)
             if target is not None:  # the result of an assignment: its new value, read after it
                 return self._element(target, feed)
-            return self._read(x.op.name)
+            late = self._late_copy(x.op)
+            return self._read(x.op.name if late is None else late.name)
         if isinstance(x, (tf.Tensor, tf.Operation)):
             self._check_graph(x)
             name = x.name
@@ -874,17 +893,58 @@ class Runner(surgery.session_base()):
         else:
             raise TfparError(f"cannot {'feed' if feed else 'fetch'} {x!r}: give a tensor, op, "
                              "variable or name of the graph passed to tfpar.get_runner")
-        if name in self._replaced and not feed:
+        el = self._late_copy(x if isinstance(x, (tf.Tensor, tf.Operation)) else name)
+        if el is None and name in self._replaced and not feed:
             return self._replaced[name]
-        try:
-            el = self._graph.as_graph_element(name)
-        except (KeyError, ValueError) as e:
-            raise TfparError(f"{'feed' if feed else 'fetch'} {name!r} is not in the graph "
-                             f"given to tfpar.get_runner ({e})") from None
-        if (isinstance(el, tf.Tensor) and el.dtype == tf.resource and not feed
-                and el.op.type in ("VarHandleOp", "VariableV2")):
-            return self._read(el.op.name)
+        if el is None:
+            try:
+                el = self._graph.as_graph_element(name) if feed else self._existing(name)
+            except (KeyError, ValueError) as e:
+                raise TfparError(f"{'feed' if feed else 'fetch'} {name!r} is not in the graph "
+                                 f"given to tfpar.get_runner ({e})") from None
+        if (isinstance(el, tf.Tensor) and not feed
+                and el.op.type in ("VarHandleOp", "VariableV2", "Variable")):
+            return self._read(el.op.name)  # a variable by its name: its value, as a session
         return el
+
+    def _late_copy(self, x):
+        """The copy in this graph of `x` (a tensor, op or name of the user's graph) when
+        the script built it after get_runner (`tfpar.transform.late_ops`), else None."""
+        if self._late is None:
+            return None
+        if isinstance(x, str):
+            try:
+                x = self._source.as_graph_element(x)
+            except (KeyError, ValueError):
+                return None
+        if not isinstance(x, (tf.Tensor, tf.Operation)):
+            return None
+        if not self._late.is_late(x.op if isinstance(x, tf.Tensor) else x):
+            return None
+        return self._late.tensor(x) if isinstance(x, tf.Tensor) else self._late.op(x)
+
+    def _late_name(self, name: str) -> bool:
+        """Whether `name` is of an op the script built after get_runner."""
+        try:
+            x = self._source.as_graph_element(name)
+        except (KeyError, ValueError):
+            return False
+        return self._late.is_late(x.op if isinstance(x, tf.Tensor) else x)
+
+    def _existing(self, name: str):
+        """This graph's tensor or op for `name` of the graph given to get_runner: what the
+        rewrite made of it, else the copy of it."""
+        found = self._replaced.get(name)
+        if found is not None:
+            return found
+        found = self._graph.as_graph_element(name)
+        if (isinstance(found, tf.Tensor) and found.op.type in ("Identity", "RefIdentity")
+                and found.op.inputs[0].op.type in ("VariableV2", "Variable")
+                and found.op.inputs[0].op.name in self._moved):
+            # A reference variable's `read` that the rewrite left (a slot's, which nothing
+            # in the step reads): the variable lives in parts or tiles, so read it whole.
+            return self._read(found.op.inputs[0].op.name)
+        return found
 
     def _check_graph(self, x):
         if self._source is not None and x.graph is not self._source:
@@ -982,6 +1042,26 @@ def _checkpoint_key(value: tf.Tensor) -> Optional[str]:
     return key.decode() if isinstance(key, bytes) else str(key)
 
 
+def saver_restores(graph: tf.Graph, restore_op_name: str):
+    """The variables a Saver's restore op (of `graph`) writes (its var_list), as a dict
+    {variable name: its name in the checkpoint} (a Saver given a dict names them its own
+    way)."""
+    op = graph.get_operation_by_name(restore_op_name.split(":")[0])
+    names, stack, seen = {}, [op], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x.type in ("Assign", "AssignVariableOp") and x.inputs[0].op.type in (
+                "VariableV2", "VarHandleOp"):
+            names[x.inputs[0].op.name] = _checkpoint_key(x.inputs[1])
+        stack.extend(x.control_inputs)
+        stack.extend(t.op for t in x.inputs if t.op.type in ("NoOp", "Identity", "Assign",
+                                                              "AssignVariableOp"))
+    return dict(sorted(names.items())) or None
+
+
 class _SessionView(surgery.session_base()):
     """The runner's session as `tf.compat.v1.train.Saver` sees it (see Runner.session)."""
 
@@ -999,7 +1079,7 @@ class _SessionView(surgery.session_base()):
         if isinstance(name, str) and _RESTORE_OP.search(name.split(":")[0]) and feed_dict:
             path = next(iter(feed_dict.values()))
             path = path.decode() if isinstance(path, bytes) else str(path)
-            self._restore(path, self._restored_variables(name))
+            self._restore(path, saver_restores(self._graph, name))
             return None
         if (isinstance(name, str) and _SAVE_OP.search(name.split(":")[0])
                 and self._tiled):
@@ -1017,25 +1097,6 @@ class _SessionView(surgery.session_base()):
                     "in the graph before tfpar.get_runner; or use runner.save(path) and "
                     "runner.restore(path)") from None
             raise
-
-    def _restored_variables(self, restore_op_name: str):
-        """The variables a Saver's restore op writes (its var_list), as a dict {variable
-        name: its name in the checkpoint} (a Saver given a dict names them its own way)."""
-        graph = self._graph
-        op = graph.get_operation_by_name(restore_op_name.split(":")[0])
-        names, stack, seen = {}, [op], set()
-        while stack:
-            x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
-            if x.type in ("Assign", "AssignVariableOp") and x.inputs[0].op.type in (
-                    "VariableV2", "VarHandleOp"):
-                names[x.inputs[0].op.name] = _checkpoint_key(x.inputs[1])
-            stack.extend(x.control_inputs)
-            stack.extend(t.op for t in x.inputs if t.op.type in ("NoOp", "Identity", "Assign",
-                                                                  "AssignVariableOp"))
-        return dict(sorted(names.items())) or None
 
     def partial_run_setup(self, *args, **kwargs):
         return self._session.partial_run_setup(*args, **kwargs)

@@ -217,3 +217,19 @@ def with_own_draws(ops: List[tf.Operation], scope: str) -> List[tf.Operation]:
             stack.extend(consumers.get(op, ()))
     copies = clone_ops(moved, {}, scope, lambda op, inputs: op.device)
     return [copies.get(op, op) for op in ops]
+
+
+def copy_op(op: tf.Operation, graph: tf.Graph, inputs: List[tf.Tensor],
+            control_inputs: Iterable[tf.Operation]) -> tf.Operation:
+    """A copy of `op` (of another graph) in `graph`: same type, attributes and device,
+    reading `inputs` and waiting for `control_inputs` (of `graph`), named as `op` (made
+    unique there). Colocations are dropped: the ops they name may live elsewhere there."""
+    attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
+    new = graph._create_op_internal(  # pylint: disable=protected-access
+        op.type, list(inputs), [o.dtype for o in op.outputs], name=op.name, attrs=attrs,
+        op_def=op.op_def, compute_device=False)
+    new._set_device(op.device)  # pylint: disable=protected-access
+    controls = list(dict.fromkeys(control_inputs))
+    if controls:
+        new._add_control_inputs(controls)  # pylint: disable=protected-access
+    return new
