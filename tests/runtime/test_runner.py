@@ -92,7 +92,7 @@ def test_the_runner_is_a_session_where_tensorflow_checks_for_one(tmp_path):
     """TF's own functions that take a session take the runner: a Saver of the user's graph
     saves the model and restores it through the runner, and start_queue_runners feeds a
     queue input through it (PTB's range_input_producer); its graph is the user's, as a
-    session's; partial_run is refused clearly."""
+    session's; `list_devices()` lists its session's; partial_run is refused clearly."""
     g = tf.Graph()
     with g.as_default():
         i = tf1.train.range_input_producer(5, shuffle=False).dequeue()
@@ -118,6 +118,9 @@ def test_the_runner_is_a_session_where_tensorflow_checks_for_one(tmp_path):
         assert runner.run(w).tolist() == [-1, -1, -1, 0, 0]
         with pytest.raises(tfpar.TfparError, match="partial_run"):
             runner.partial_run_setup([loss])
+        devices = [d.device_type for d in runner.list_devices()]
+        assert "CPU" in devices and devices == [d.device_type for d in
+                                                runner.user_session.list_devices()]
 
 
 @pytest.mark.parametrize("route", ["ps", "sharded"])

@@ -640,6 +640,12 @@ class Runner(surgery.session_base()):
     def partial_run(self, *args, **kwargs):
         raise TfparError("partial_run is not supported through tfpar")
 
+    def list_devices(self):
+        """The devices this worker's session runs on, as `Session.list_devices()`."""
+        if self._session is None:
+            raise TfparError("this tfpar Runner is closed")
+        return self._session.list_devices()
+
     def _groups_of_run(self, fetches) -> frozenset:
         """The update groups (Plan.update_groups) a run of `fetches` updates. Refuses a
         run that updates some of a group's variables on the parameter servers but not all:
@@ -1127,6 +1133,9 @@ class _UserSession(surgery.session_base()):
 
     def make_callable(self, fetches, feed_list=None, accept_options=False):
         return self._runner.make_callable(fetches, feed_list, accept_options)
+
+    def list_devices(self):
+        return self._runner.list_devices()
 
     def partial_run_setup(self, *args, **kwargs):
         raise TfparError("partial_run is not supported through tfpar")
