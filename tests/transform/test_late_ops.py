@@ -40,6 +40,11 @@ def script(sess, g, h, folder):
         out.append(sess.run(tf.reduce_sum(tf.nn.embedding_lookup(h["emb"], [1, 2]))))
         out.append(sess.run(tf.shape(h["emb"])))
         out.append(sess.run("Sum:0"))  # by name, as TF1 scripts fetch
+        with tf.control_dependencies([h["train"]]):  # read after a step: the new value
+            emb = h["emb"]
+            after = tf.reduce_sum(emb.read_value() if hasattr(emb, "handle")
+                                  else tf.identity(emb))
+        out.append(sess.run(after, FEED))
         mean, update = tf1.metrics.mean(h["loss"])
         sess.run(tf1.local_variables_initializer())
         sess.run(update, FEED)

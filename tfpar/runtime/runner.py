@@ -368,6 +368,7 @@ class Runner(surgery.session_base()):
         self._reads: Dict[str, tf.Tensor] = dict(ps.reads) if ps is not None else {}
         self._saves = 0
         self._tiles = dict(tiles or {})
+        self._late_reads = 0  # (see _read_after)
         self._writer: Optional[threading.Thread] = None  # a background save's write
         self._writer_error: Optional[BaseException] = None
         self._tile_reads: Optional[list] = None  # (built by `tiles`)
@@ -390,7 +391,7 @@ class Runner(surgery.session_base()):
         self._moved = {name: "ps" for name in (ps.reads if ps is not None else ())}
         self._moved.update({name: plan.variable(name).route for name in self._tiles})
         self._late = LateOps(source_graph, graph, known, self._existing, self._moved,
-                             self._read) \
+                             self._read_after) \
             if source_graph is not None and known is not None else None
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
@@ -956,6 +957,25 @@ class Runner(surgery.session_base()):
         if self._source is not None and x.graph is not self._source:
             raise TfparError(f"{x.name!r} belongs to another graph than the one given to "
                              "tfpar.get_runner")
+
+    def _read_after(self, var_name: str, after: Sequence[tf.Operation] = ()) -> tf.Tensor:
+        """The whole value of a variable held in parts or tiles, read after the ops
+        `after` (a read made anew, so it waits for them; without them, `_read`'s)."""
+        if not after:
+            return self._read(var_name)
+        self._late_reads += 1
+        with self._graph.as_default(), tf.control_dependencies(list(after)), \
+                tf.compat.v1.name_scope(f"tfpar/read_after/{self._late_reads}/"):
+            if var_name in self._tiles:
+                v = self._plan.variable(var_name)
+                value = whole(self._tiles[var_name].value(), v.tiling, v.shape,
+                              self._worker_id, f"whole_after_{self._late_reads}_"
+                                               f"{safe_name(var_name)}")
+                self._collective |= {op.name for op in self._graph.get_operations()
+                                     if op.type.startswith("Horovod")}
+                return value
+            parts = [var.read_value() for var, _, _ in self._ps.parts[var_name]]
+            return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
     def _read(self, var_name: str) -> tf.Tensor:
         """The value of a variable of the rewritten graph (made once, then reused). A

@@ -48,13 +48,13 @@ class LateOps:
     the graph `get_runner` was given) into `target`, the job's graph.
 
     existing(name): the job graph's element for a known tensor or op name. moved:
-    {variable name: route} of the variables the job does not hold whole. whole(name):
-    such a variable's whole value in the job graph.
+    {variable name: route} of the variables the job does not hold whole. whole(name,
+    after): such a variable's whole value in the job graph, read after the ops `after`.
     """
 
     def __init__(self, source: tf.Graph, target: tf.Graph, known: FrozenSet[str],
                  existing: Callable[[str], Element], moved: Dict[str, str],
-                 whole: Callable[[str], tf.Tensor]):
+                 whole: Callable[..., tf.Tensor]):
         self._source, self._target, self._known = source, target, known
         self._existing, self._moved, self._whole = existing, moved, whole
         self._outputs: Dict[tf.Operation, List[tf.Tensor]] = {}  # late op -> its copy's outputs
@@ -145,18 +145,29 @@ class LateOps:
                 self._ops[op] = outputs[0].op
                 return
             inputs = [self._input(t) for t in op.inputs]
-            for index, name in moved:  # a reference variable's value (a Saver's SaveV2)
-                inputs[index] = self._whole(name)
+            # A reference variable's value (a Saver's SaveV2, an identity; or its `read`,
+            # which passes the buffer on): read whole after what this op and its
+            # consumers wait for.
+            moved += [(i, t.op.inputs[0].op.name) for i, t in enumerate(op.inputs)
+                      if not self.is_late(t.op) and t.op.type == "Identity"
+                      and t.op.inputs and t.op.inputs[0].op.type in ("VariableV2", "Variable")
+                      and t.op.inputs[0].op.name in self._moved]
+            if moved:
+                after = controls + self._consumers_controls(op)
+                for index, name in moved:
+                    if after or op.inputs[index].op.type in VARIABLE_OP_TYPES:
+                        inputs[index] = self._whole(name, after)
             new = surgery.copy_op(op, self._target, inputs, controls)
         self._outputs[op] = list(new.outputs)
         self._ops[op] = new
 
     def _read_moved(self, op: tf.Operation, name: str, controls) -> tf.Tensor:
-        """What the read `op` of the moved variable `name` gives, from its whole value."""
+        """What the read `op` of the moved variable `name` gives, from its whole value
+        (read after what `op` waits for)."""
         with tf.control_dependencies(controls), tf.compat.v1.name_scope(f"tfpar/late/{name}/"):
             if op.type in ("VarIsInitializedOp", "IsVariableInitialized"):
                 return tf.constant(True)  # the runner initialised it at its start
-            whole = self._whole(name)
+            whole = self._whole(name, controls)
             if op.type == "ReadVariableOp":
                 return tf.identity(whole)
             if op.type == "VariableShape":
@@ -165,6 +176,20 @@ class LateOps:
                 return tf.gather_nd(whole, self._input(op.inputs[1]))
             return tf.gather(whole, self._input(op.inputs[1]),
                              batch_dims=op.get_attr("batch_dims"))
+
+    def _consumers_controls(self, op: tf.Operation) -> List[tf.Operation]:
+        """What the consumers of `op` wait for. An op that takes a reference variable
+        passes the variable's buffer on, so TensorFlow reads it when a consumer runs:
+        `tf.identity(v)` summed under `control_dependencies([train_op])` gives the value
+        after the step. The whole value read here waits for the same ops."""
+        out = []
+        for consumer in (c for t in op.outputs for c in t.consumers()):
+            for c in consumer.control_inputs:
+                if not self.is_late(c):
+                    out.append(self._control(c))
+                elif c in self._ops:
+                    out.append(self._ops[c])
+        return out
 
     def _input(self, t: tf.Tensor) -> tf.Tensor:
         if self.is_late(t.op):
