@@ -308,7 +308,8 @@ def test_a_fine_tuning_scripts_two_phases_equal_single_device(together):
 
 def test_ops_built_after_the_runner_run_as_in_a_plain_session(together):
     """A TF1 script that builds ops after its session exists: its own
-    `global_variables_initializer()` run, a streaming metric and its
+    `global_variables_initializer()` run, a pretrained table assigned (on the servers'
+    parts; each worker's rows, the values checked alike), a streaming metric and its
     `local_variables_initializer()`, a learning rate halved by an `assign` built in the
     loop, evaluation reads of the table (a norm, a lookup) and a Saver built last, saved
     by the chief alone. Before, each was refused as not in the graph given to

@@ -2,7 +2,7 @@
 
 Each case is a real 2-worker horovodrun job (tests/support/workers/stall.py, liveness timeout 5 s)
 copied under a unique name, so the test can prove no process of it is left. The jobs
-mostly wait (for a deadline or a timeout), so they run two at a time.
+mostly wait (for a deadline or a timeout), so they run three at a time.
 """
 import os
 import re
@@ -53,7 +53,7 @@ def jobs(request, tmp_path_factory):
         script = folder / f"stall_{case}_{mode}_marker.py"
         shutil.copy(os.path.join(WORKERS, "stall.py"), script)
         return horovodrun(2, str(script), case, mode, timeout=180), script.name
-    return concurrent_jobs(request, key_of, run)
+    return concurrent_jobs(request, key_of, run, width=3)
 
 
 def _run(jobs, case, mode):

@@ -1,12 +1,19 @@
-"""Ops a script builds after tfpar.get_runner (tfpar/transform/late_ops.py), in one process:
-run as a plain session runs them, or refused naming the fix."""
+"""Ops a script builds after tfpar.get_runner (tfpar/transform/late_ops.py), one worker:
+run as a plain session runs them, or refused naming the fix.
+
+The runner's side runs in a fresh process (`python -m tests.transform.test_late_ops`):
+a parameter-server job's servers live as long as the process, and another unit test's
+runner that stopped them in a shared pytest process would stop these too."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfpar
+from tests.support.launch import REPO
 
 tf1 = tf.compat.v1
 FEED = {"ids:0": [1, 2, 3, 2], "y:0": [1.0, 0.0, 1.0, 0.0]}
@@ -45,6 +52,14 @@ def script(sess, g, h, folder):
             after = tf.reduce_sum(emb.read_value() if hasattr(emb, "handle")
                                   else tf.identity(emb))
         out.append(sess.run(after, FEED))
+        # A pretrained table loaded late (its value, then a lookup after it), and a row
+        # read back after the assign's own read.
+        pretrained = tf1.placeholder(tf.float32, [50, 4], name="pretrained")
+        load = tf1.assign(h["emb"], pretrained)
+        out.append(sess.run(load, {pretrained: np.arange(200.0).reshape(50, 4) / 100}))
+        out.append(sess.run(tf.nn.embedding_lookup(h["emb"], [7])))
+        for _ in range(2):
+            out.append(sess.run([h["loss"], h["train"]], FEED)[0])
         mean, update = tf1.metrics.mean(h["loss"])
         sess.run(tf1.local_variables_initializer())
         sess.run(update, FEED)
@@ -70,38 +85,50 @@ def script(sess, g, h, folder):
     return out
 
 
+def through_the_runner(route: str, resource: bool, folder: str):
+    """The script through a one-worker runner, its values into folder/runner.npz."""
+    g, h = build(resource)
+    with tfpar.get_runner(g, config=tfpar.Config(sparse_route=route)) as runner:
+        assert "Sum" not in {op.name for op in g.get_operations()}
+        got = script(runner, g, h, folder if route != "sharded" else None)
+    np.savez(os.path.join(folder, "runner.npz"), *[np.asarray(x) for x in got])
+
+
 @pytest.mark.parametrize("route,resource", [("ps", True), ("ps", False), ("sharded", True),
                                             ("allgather", True)])
 def test_ops_built_after_the_runner_give_what_a_plain_session_gives(tmp_path, route, resource):
     """Each value equals a plain session's exactly (tolerance 0): reads of the table on
-    the servers or in rows read it whole, a later Saver saves and restores the
-    single-device model (not with sharded rows: refused as for any Saver)."""
+    the servers or in rows read it whole (after a step where they wait for it), a late
+    assign of the whole table writes its parts or rows, a later Saver saves and restores
+    the single-device model (not with sharded rows: refused as for any Saver)."""
     saves = route != "sharded"
     g, h = build(resource)
     os.makedirs(tmp_path / "plain")
     with tf1.Session(graph=g) as sess:
         expected = script(sess, g, h, str(tmp_path / "plain") if saves else None)
-    g, h = build(resource)
-    with tfpar.get_runner(g, config=tfpar.Config(sparse_route=route)) as runner:
-        assert "Sum" not in {op.name for op in g.get_operations()}
-        got = script(runner, g, h, str(tmp_path) if saves else None)
-    assert len(got) == len(expected)
-    for i, (a, b) in enumerate(zip(expected, got)):
-        np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=f"value {i}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.transform.test_late_ops", route, str(resource),
+         str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = np.load(str(tmp_path / "runner.npz"), allow_pickle=True)
+    assert len(got.files) == len(expected)
+    for i, a in enumerate(expected):
+        np.testing.assert_array_equal(got[f"arr_{i}"], np.asarray(a), err_msg=f"value {i}")
 
 
 def test_what_cannot_be_done_late_is_refused_naming_the_fix():
-    """An optimizer built late would train each worker alone; a late write of a table
-    on the servers would miss its parts; TF1 control flow is not copied. Each is refused
-    before it runs, and the runner trains on after."""
+    """An optimizer built late would train each worker alone; a late add to a table split
+    over the workers would add once per worker; TF1 control flow is not copied. Each is
+    refused before it runs, and the runner trains on after."""
     g, h = build()
-    with tfpar.get_runner(g, config=tfpar.Config(sparse_route="ps")) as runner, \
+    with tfpar.get_runner(g, config=tfpar.Config(sparse_route="sharded")) as runner, \
             g.as_default():
         with pytest.raises(tfpar.NotYetSupportedError, match="Build the train op before"):
             runner.run(tf1.train.GradientDescentOptimizer(0.1).minimize(h["loss"]), FEED)
-        with pytest.raises(tfpar.NotYetSupportedError,
-                           match="writes variable 'emb', which lives on the parameter servers"):
-            runner.run(tf1.assign(h["emb"], tf.zeros([50, 4])))
+        with pytest.raises(tfpar.NotYetSupportedError, match="writes variable 'emb', which "
+                           r"is split over the workers by rows \(route 'sharded'\)"):
+            runner.run(tf1.assign_add(h["emb"], tf.ones([50, 4])))
         was_v2 = tf1.control_flow_v2_enabled()
         tf1.disable_control_flow_v2()
         try:
@@ -116,3 +143,8 @@ def test_what_cannot_be_done_late_is_refused_naming_the_fix():
         runner.run(h["train"], FEED)
         assert not np.array_equal(runner.run(h["emb"]), before)
         assert runner.run(tf1.train.get_global_step()) == 1
+
+
+if __name__ == "__main__":  # the runner's side of a test above: ROUTE RESOURCE FOLDER
+    tf1.disable_eager_execution()
+    through_the_runner(sys.argv[1], sys.argv[2] == "True", sys.argv[3])

@@ -35,6 +35,7 @@ from tfpar.transform.parameter_server import ps_device, worker_device
 from tfpar.transform.rewrite import rewrite
 from tfpar.transform.collectives import tile_of, whole
 from tfpar.transform.late_ops import LateOps
+from tfpar.transform.outside_uses import same_on_every_worker
 from tfpar.transform.tiled import chains, predicted_bytes
 from tfpar.transform.traffic import PATHS, counters
 
@@ -391,7 +392,7 @@ class Runner(surgery.session_base()):
         self._moved = {name: "ps" for name in (ps.reads if ps is not None else ())}
         self._moved.update({name: plan.variable(name).route for name in self._tiles})
         self._late = LateOps(source_graph, graph, known, self._existing, self._moved,
-                             self._read_after) \
+                             self._read_after, self._write_after) \
             if source_graph is not None and known is not None else None
 
     worker_id = property(lambda self: self._worker_id, doc="This worker's index (the Horovod rank).")
@@ -977,6 +978,35 @@ class Runner(surgery.session_base()):
             parts = [var.read_value() for var, _, _ in self._ps.parts[var_name]]
             return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
+    def _write_after(self, var_name: str, value: tf.Tensor, after: Sequence[tf.Operation],
+                     op_name: str) -> tf.Operation:
+        """A write of the whole `value` (the script's `assign` `op_name`, built after
+        get_runner) to a variable held in parts or tiles, after the ops `after`: each part
+        on the servers gets its rows (every worker writes the same value, as an `assign`
+        built before does); each worker its tile of a split variable, once an allgather
+        of the workers' value fingerprints found them equal (else the run fails and
+        nothing is written). Both are run by every worker, as the script's own assign is."""
+        self._late_reads += 1
+        with self._graph.as_default(), tf.control_dependencies(list(after)), \
+                tf.compat.v1.name_scope(f"tfpar/write_after/{self._late_reads}/"):
+            if var_name not in self._tiles:
+                writes = []
+                for var, start, stop in self._ps.parts[var_name]:
+                    piece = value if stop is None else value[start:stop]
+                    with tf.device(var.device):
+                        writes.append(_assign(var, piece))
+                return tf.group(*writes)
+            v = self._plan.variable(var_name)
+            scope = f"tfpar/write_after/{self._late_reads}/{safe_name(var_name)}"
+            same = same_on_every_worker([value], self._num_workers, scope, var_name, op_name)
+            with tf.control_dependencies([same]):
+                box = v.tiling.tile_ranges(tuple(v.shape), self._worker_id)
+                write = _assign(self._tiles[var_name],
+                                value[tuple(slice(lo, hi) for lo, hi in box)])
+            self._collective |= {op.name for op in self._graph.get_operations()
+                                 if op.type.startswith("Horovod")}
+            return write
+
     def _read(self, var_name: str) -> tf.Tensor:
         """The value of a variable of the rewritten graph (made once, then reused). A
         variable split over the workers is gathered whole from their tiles: a collective,
@@ -1066,6 +1096,13 @@ def _checkpoint_key(value: tf.Tensor) -> Optional[str]:
     names = np.atleast_1d(names)
     key = names[value.value_index if value.op.type == "RestoreV2" else 0]
     return key.decode() if isinstance(key, bytes) else str(key)
+
+
+def _assign(var, value: tf.Tensor) -> tf.Operation:
+    """An op writing `value` to `var` (a resource or a reference variable)."""
+    if var.op.type == "VarHandleOp":
+        return tf.raw_ops.AssignVariableOp(resource=var.handle, value=value)
+    return tf.compat.v1.assign(var, value, validate_shape=False).op
 
 
 def saver_restores(graph: tf.Graph, restore_op_name: str):

@@ -10,11 +10,15 @@ into it on its first use, with every op it needs that is also new:
   or what the rewrite made of them (a parameter-server variable's read, say);
 - a read of a variable the job does not hold whole (route "ps": parts on the servers;
   "sharded" or "tiled": rows or tiles on the workers) reads its whole value, as a fetch
-  of the variable does: a `ReadVariableOp`, a lookup (`ResourceGather`), a shape, a
-  reference variable's value (a later Saver's `SaveV2`);
+  of the variable does, after what the read waits for: a `ReadVariableOp`, a lookup
+  (`ResourceGather`), a shape, a reference variable's value (a later Saver's `SaveV2`);
+- an `assign` of such a variable's whole value (a pretrained table loaded late, a
+  `tf.train.Checkpoint`'s restore) writes its parts on the servers, or each worker's
+  tile once the workers' values are checked to be the same;
 - what tfpar cannot redo late is refused before anything runs, naming the op and the
-  fix: an optimizer update (it would train outside the job's collectives), a write of a
-  variable the job does not hold whole, and TF1 control flow (its frames are not copied).
+  fix: an optimizer update (it would train outside the job's collectives), any other
+  write of a variable the job does not hold whole (an add, a scatter: every worker runs
+  it), and TF1 control flow (its frames are not copied).
 
 A name the job graph already holds for one of tfpar's own ops never stands for a later op
 of the user's: only the names of the graph given to `get_runner` are looked up there.
@@ -38,6 +42,9 @@ _V1_CONTROL_FLOW = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Switch", 
 # Reads of a variable's handle, redone on the whole value of a variable held in parts.
 _READS = ("ReadVariableOp", "VariableShape", "ResourceGather", "ResourceGatherNd",
           "VarIsInitializedOp", "IsVariableInitialized")
+# Writes of a whole variable, redone on its parts or tiles (an add is not: every worker
+# runs it, and the parts would get each worker's).
+_WHOLE_WRITES = ("Assign", "AssignVariableOp")
 _ROUTES = {"ps": "lives on the parameter servers",
            "sharded": "is split over the workers by rows (route 'sharded')",
            "tiled": "is split over the workers in tiles (Config.tiling)"}
@@ -50,13 +57,16 @@ class LateOps:
     existing(name): the job graph's element for a known tensor or op name. moved:
     {variable name: route} of the variables the job does not hold whole. whole(name,
     after): such a variable's whole value in the job graph, read after the ops `after`.
+    write(name, value, after, op name): an op writing the whole `value` to such a
+    variable, after the ops `after`.
     """
 
     def __init__(self, source: tf.Graph, target: tf.Graph, known: FrozenSet[str],
                  existing: Callable[[str], Element], moved: Dict[str, str],
-                 whole: Callable[..., tf.Tensor]):
+                 whole: Callable[..., tf.Tensor], write: Callable[..., tf.Operation]):
         self._source, self._target, self._known = source, target, known
         self._existing, self._moved, self._whole = existing, moved, whole
+        self._write = write
         self._outputs: Dict[tf.Operation, List[tf.Tensor]] = {}  # late op -> its copy's outputs
         self._ops: Dict[tf.Operation, tf.Operation] = {}  # late op -> its copy
 
@@ -117,14 +127,15 @@ class LateOps:
             raise NotYetSupportedError(
                 f"op {op.name!r} ({op.type}) is an optimizer update added to the graph after "
                 "tfpar.get_runner: tfpar did not make it data-parallel, so each worker would "
-                f"train alone. Build the train op before tfpar.get_runner")
+                "train alone. Build the train op before tfpar.get_runner")
         if op.type in _V1_CONTROL_FLOW:
             raise NotYetSupportedError(
                 f"op {op.name!r} ({op.type}) is TF1 control flow added to the graph after "
                 f"tfpar.get_runner; tfpar cannot copy its frame into the job's graph: {fix}")
-        if op.type in _READS:
-            return
-        for index, name in self._moved_inputs(op):
+        moved = self._moved_inputs(op)
+        if op.type in _READS or (op.type in _WHOLE_WRITES and [i for i, _ in moved] == [0]):
+            return  # a read, or a whole value written (not itself a moved variable's)
+        for index, name in moved:
             writes = (op.type in WRITES or op.type in partial_writes.TYPES
                       or _is_ref_input(op, index))
             if writes or op.type in FUNCTIONAL or op.inputs[index].dtype == tf.resource:
@@ -139,6 +150,16 @@ class LateOps:
         with self._target.as_default(), tf.compat.v1.name_scope(None):
             controls = [self._control(c) for c in op.control_inputs]
             moved = self._moved_inputs(op)
+            if moved and op.type in _WHOLE_WRITES:  # (checked: of input 0 alone)
+                value = self._input(op.inputs[1])
+                done = self._write(moved[0][1], value, controls, op.name)
+                self._ops[op] = done
+                if op.outputs:  # a reference variable's Assign: the value written
+                    with tf.control_dependencies([done]):
+                        self._outputs[op] = [tf.identity(value)]
+                else:
+                    self._outputs[op] = []
+                return
             if moved and op.type in _READS:
                 outputs = [self._read_moved(op, moved[0][1], controls)]
                 self._outputs[op] = outputs

@@ -142,20 +142,10 @@ def _write(op: tf.Operation, tile: tf.Variable, box, shape, n: int, scope: str,
     """`op`'s write of the variable (of `shape`) done on this worker's `tile` (the `box`
     of it), after every worker's inputs to it are checked to be the same. whole(): the
     whole variable's value before `op` (a collective: called only where needed)."""
-    import horovod.tensorflow as hvd
     partial = op.type in partial_writes.TYPES
     checked = partial_writes.inputs(op) if partial else [op.inputs[1]]
     with tf.control_dependencies(op.control_inputs), tf.compat.v1.name_scope(scope + "/"):
-        mine = tf.concat([tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(t, [1, -1])),
-                                                tf.int64), [1]) for t in checked], 0)
-        every = hvd.allgather(collectives.never_folded(mine),
-                              name=f"tfpar_{safe_name(scope)}_fingerprints",
-                              ignore_name_scope=True)
-        same = tf.debugging.assert_equal(
-            every, tf.tile(mine, [n]), summarize=n * len(checked), message=(
-                f"tfpar: the workers wrote different values to {op.inputs[0].op.name!r} "
-                f"(op {op.name!r}); its rows are split over the workers, so it holds one "
-                "value: write the same value on every worker (nothing was written)"))
+        same = same_on_every_worker(checked, n, scope, op.inputs[0].op.name, op.name)
         with tf.control_dependencies([same]):
             if op.type in partial_writes.ROW_SCATTERS:
                 (lo, hi), columns = box[0], box[1:]
@@ -172,3 +162,20 @@ def _write(op: tf.Operation, tile: tf.Variable, box, shape, n: int, scope: str,
             else:
                 write = _REF_WRITES[kind](tile, piece).op
         return tf.group(write, name="done")
+
+
+def same_on_every_worker(checked: List[tf.Tensor], n: int, scope: str, variable: str,
+                         op_name: str) -> tf.Operation:
+    """An assertion that every worker's `checked` tensors (what it writes to `variable`,
+    split over the workers) are the same as the others': an allgather of their
+    fingerprints (a collective, named from `scope`)."""
+    import horovod.tensorflow as hvd
+    mine = tf.concat([tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(t, [1, -1])),
+                                            tf.int64), [1]) for t in checked], 0)
+    every = hvd.allgather(collectives.never_folded(mine),
+                          name=f"tfpar_{safe_name(scope)}_fingerprints", ignore_name_scope=True)
+    return tf.debugging.assert_equal(
+        every, tf.tile(mine, [n]), summarize=n * len(checked), message=(
+            f"tfpar: the workers wrote different values to {variable!r} (op {op_name!r}); "
+            "its rows are split over the workers, so it holds one value: write the same "
+            "value on every worker (nothing was written)"))

@@ -1,6 +1,7 @@
 """A TF1 script that builds ops after its session exists, as many do: the initialiser run
-inside `with Session() as sess:`, a streaming metric, evaluation reads of the table and a
-Saver built after the session, a learning rate set through an op built late.
+inside `with Session() as sess:`, a pretrained table assigned, a streaming metric,
+evaluation reads of the table and a Saver built after the session, a learning rate set
+through an op built late.
 
 usage: horovodrun -np N ... python late_ops.py OUT_DIR
        python late_ops.py OUT_DIR --single N   (one device, the N workers' batches together)
@@ -47,6 +48,9 @@ def script(sess, graph, h, rank, n, width, folder, chief):
     """The user's loop; every op below is built after the session (the runner) exists."""
     with graph.as_default():
         sess.run(tf1.global_variables_initializer())
+        pretrained = tf1.placeholder(tf.float32, [VOCAB, 3])  # loaded into the table
+        sess.run(tf1.assign(h["emb"], pretrained), {pretrained: np.linspace(
+            -1, 1, VOCAB * 3, dtype=np.float32).reshape(VOCAB, 3)})
         start = sess.run(tf1.global_variables())  # the seeded draws: one device's
         mean_loss, update = tf1.metrics.mean(h["loss"])
         sess.run(tf1.local_variables_initializer())
