@@ -1,7 +1,12 @@
-"""Test session set-up: graph mode, quiet TensorFlow, and the `job` marker."""
+"""Test session set-up: graph mode, quiet TensorFlow, Keras 2, and the `job` marker."""
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Keras 2, as `import tfpar` selects it (tfpar/__init__.py), chosen before TensorFlow's import
+# in this process and every process a test starts: TensorFlow imports its Keras eagerly, and
+# Keras 3 brings matplotlib with it, 0.6 s of each job process's start. tfpar's behaviour
+# is the same either way (test_real_graph_analysis unsets it to check tfpar's own choice).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf  # noqa: E402
 

@@ -340,6 +340,8 @@ try:
 except tfpar.TfparError as e:
     print(type(e).__name__ + ":", str(e).replace("\n", " "), flush=True)
 print("servers started:", cluster.current() is not None, flush=True)
+import psutil  # the PS process started ahead of the refused rewrite is gone
+print("processes left:", [" ".join(c.cmdline()) for c in psutil.Process().children()], flush=True)
 with tfpar.get_runner(graph(False), config=tfpar.Config(sparse_route={"emb": "ps"})) as r:
     before = r.run("emb:0")
     r.run(tf1.get_collection(tf1.GraphKeys.TRAIN_OP, scope=None) or "Adagrad")
@@ -349,7 +351,8 @@ with tfpar.get_runner(graph(False), config=tfpar.Config(sparse_route={"emb": "ps
 
 def test_a_refusal_of_the_servers_rewrite_starts_no_server_and_a_retry_trains():
     """The servers start only after the rewrite succeeded: a use of a variable the
-    servers' rewrite refuses leaves no server behind, and a later get_runner in the
+    servers' rewrite refuses leaves no server behind (nor the PS process started ahead
+    of it, `cluster.prestart`), and a later get_runner in the
     process (a notebook's retry with the graph fixed) starts them and trains. Before,
     the refusal came with the servers up, it stopped them, and the retry waited for ever
     on the stopped server."""
@@ -360,7 +363,8 @@ def test_a_refusal_of_the_servers_rewrite_starts_no_server_and_a_retry_trains():
                           capture_output=True, timeout=180,
                           env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
     assert proc.stdout.splitlines() == [
-        proc.stdout.splitlines()[0], "servers started: False", "trained: True"], \
+        proc.stdout.splitlines()[0], "servers started: False", "processes left: []",
+        "trained: True"], \
         proc.stdout + proc.stderr[-3000:]
     assert proc.stdout.startswith("NotYetSupportedError: variable 'emb' is used by op "
                                   "'GatherNd'")

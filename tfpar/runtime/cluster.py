@@ -43,6 +43,36 @@ def _free_port() -> Tuple[int, socket.socket]:
 
 
 _CLUSTER: Optional["Cluster"] = None
+_PRESTARTED: Optional[PsProcess] = None  # this host's PS process, started ahead of its cluster
+
+
+def _first_of_host(layout: Layout, rank: int) -> bool:
+    return rank == 0 or layout.host_of_rank(rank - 1) != layout.host_of_rank(rank)
+
+
+def prestart(layout: Layout):
+    """Starts this host's PS process ahead of the cluster, on the host's first worker of a
+    job with none yet: it imports TensorFlow while the workers plan and rewrite the graph.
+    `get_cluster` gives it its task; `discard_prestarted` ends it if none comes."""
+    global _PRESTARTED
+    if _CLUSTER is None and _PRESTARTED is None and _first_of_host(layout,
+                                                                    job.horovod().rank()):
+        _PRESTARTED = PsProcess()
+
+
+def discard_prestarted():
+    """Ends a PS process started ahead that no cluster took (the plan had no parameter
+    servers after all, or get_runner stopped before starting them)."""
+    global _PRESTARTED
+    if _PRESTARTED is not None:
+        _PRESTARTED.stop()
+        _PRESTARTED = None
+
+
+def _take_prestarted() -> PsProcess:
+    global _PRESTARTED
+    ps, _PRESTARTED = _PRESTARTED, None
+    return ps if ps is not None else PsProcess()
 
 
 def get_cluster(layout: Layout, liveness: Liveness, session_config=None,
@@ -100,7 +130,7 @@ class Cluster:
         self.host = layout.hosts[self.host_index].name
         self.ps: Optional[PsProcess] = None  # the PS this worker spawned, if any
 
-        first_local = self.rank == 0 or layout.host_of_rank(self.rank - 1) != self.host_index
+        first_local = _first_of_host(layout, self.rank)
         # Peers dial the address of the job's interface (tfpar.Config(interface=...), else
         # Gloo's); TensorFlow 2.18 still listens on every interface (README, security).
         address = job_address(self.host, interface) or self.host
@@ -122,9 +152,10 @@ class Cluster:
 
         if ps_hold is not None:
             ps_hold.close()
-            self.ps = PsProcess(self.cluster_spec.as_dict(), self.host_index, liveness,
-                                self.describe(f"ps {self.host_index}"))
+            self.ps = _take_prestarted()
             liveness.on_exit(self.ps.stop)
+            self.ps.serve(self.cluster_spec.as_dict(), self.host_index, liveness,
+                          self.describe(f"ps {self.host_index}"))
         worker_hold.close()
         try:
             self.server = tf.distribute.Server(self.cluster_spec, job_name="worker",

@@ -3,6 +3,10 @@
 The host's first worker starts `python -m tfpar.runtime.ps_server` (job `ps`, task = host index),
 which dies with it. The job's liveness links watch the PS like a worker: the parent pings
 it, and names it when it dies or stops answering.
+
+The process starts before it knows what to serve (`PsProcess()`, then `serve`): its
+TensorFlow import, 1.5-2 s that the whole job would wait for, runs while the workers plan
+and rewrite the graph (`cluster.prestart`).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Optional
 
 from tfpar.errors import TfparError
 from tfpar.runtime.liveness import Liveness
@@ -22,21 +27,36 @@ START_TIMEOUT_S = 120
 
 
 class PsProcess:
-    """A PS child process: started at construction, watched by `watch`, ended by `stop`."""
+    """A PS child process: started at construction, given its part of the cluster by
+    `serve`, watched by `watch`, ended by `stop`."""
 
-    def __init__(self, cluster: dict, task: int, liveness: Liveness, description: str):
-        self.task, self.liveness, self.description = task, liveness, description
+    def __init__(self):
+        self.task: Optional[int] = None
+        self.liveness: Optional[Liveness] = None
+        self.description = ""
         self._unresponsive = False
-        spec = json.dumps({"cluster": cluster, "task": task})
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL=os.environ.get(
             "TF_CPP_MIN_LOG_LEVEL", "2"))
         # Not a Horovod process: drop the launcher's variables so nothing mistakes it for one.
         for k in list(env):
             if k.startswith(("HOROVOD_", "OMPI_", "PMI_")):
                 env.pop(k)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tfpar.runtime.ps_server", spec],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tfpar.runtime.ps_server"],
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1)
+        self._stderr = []  # read from the start, so its pipe never fills while it waits
+        self._stderr_done = threading.Thread(target=self._read_stderr, daemon=True,
+                                             name="tfpar-ps-stderr")
+        self._stderr_done.start()
+
+    def serve(self, cluster: dict, task: int, liveness: Liveness, description: str):
+        """Tells the process its cluster and task; from now on its death is the job's."""
+        self.task, self.liveness, self.description = task, liveness, description
+        try:
+            self.proc.stdin.write(json.dumps({"cluster": cluster, "task": task}) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass  # it died: its watcher reports that
         threading.Thread(target=self._report_death, daemon=True, name="tfpar-ps-watch").start()
 
     @property
@@ -74,10 +94,15 @@ class PsProcess:
                 proc.kill()
                 proc.wait()
 
+    def _read_stderr(self):
+        if self.proc.stderr is not None:
+            self._stderr.append(self.proc.stderr.read())
+
     def _report_death(self):
         proc = self.proc
-        err = proc.stderr.read() if proc.stderr else ""
         code = proc.wait()
+        self._stderr_done.join()
+        err = "".join(self._stderr)
         if self.liveness.closing or self.liveness.dying or self._unresponsive:
             return
         tail = " ".join(err.strip().splitlines()[-3:])

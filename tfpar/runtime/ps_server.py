@@ -1,8 +1,11 @@
-"""A parameter-server process: `python -m tfpar.runtime.ps_server SPEC_JSON` (started by tfpar).
+"""A parameter-server process: `python -m tfpar.runtime.ps_server` (started by tfpar).
 
-SPEC_JSON is {"cluster": {"worker": [...], "ps": [...]}, "task": i}. The process serves
-job `ps`, task i, until it is told to stop or its parent (the host's first worker) dies,
-and answers its parent's heartbeats (PING on stdin, PONG on stdout).
+It imports TensorFlow, then reads its spec, one line of JSON on stdin:
+{"cluster": {"worker": [...], "ps": [...]}, "task": i} (an empty line or EOF: not needed
+after all, it exits). It serves job `ps`, task i, until it is told to stop or its parent
+(the host's first worker) dies, and answers its parent's heartbeats (PING on stdin, PONG
+on stdout). Reading the spec after the import lets the parent start it before the job's
+ports are known (`PsProcess`), so the import overlaps the graph's rewrite.
 """
 import ctypes
 import json
@@ -20,13 +23,20 @@ def _die_with_parent():
         pass
 
 
-def main(spec_json: str):
+def main():
     parent = os.getppid()
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before prctl took effect
         sys.exit(1)
-    spec = json.loads(spec_json)
+    # A server needs no Keras, which TensorFlow's import loads eagerly where it can (Keras 3
+    # with matplotlib, or Keras 2): 0.2-0.6 s of this start, which the whole job waits for.
+    sys.modules.update(keras=None, tf_keras=None)
     import tensorflow as tf
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        sys.exit(0)
+    spec = json.loads(line)
 
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps"])
     server = tf.distribute.Server(tf.train.ClusterSpec(spec["cluster"]), job_name="ps",
@@ -42,4 +52,4 @@ def main(spec_json: str):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

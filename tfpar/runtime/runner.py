@@ -24,7 +24,7 @@ from tfpar.plan import Plan
 from tfpar.runtime.measure import measure
 from tfpar.runtime.reinitialise import Reinitialiser
 from tfpar.plan.measurements import Measurements
-from tfpar.plan.planner import auto_tiles, make_plan, route_trials
+from tfpar.plan.planner import auto_tiles, make_plan, on_parameter_servers, route_trials
 from tfpar.plan.routing import RouteTrial, fastest_trial
 from tfpar.plan.layout import parse_resources, reconcile
 from tfpar.runtime.sharding import with_shard_values
@@ -64,14 +64,21 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     requested = parse_resources(resources)
     meta, source, analysis = _read(graph, config)
     layout = _join(requested, config)
-    measured = measure(meta, analysis, config, layout)
-    if config.search_routes:
-        measured = _route_trials(meta, source, analysis, config, layout, measured)
-    measured = _partition_counts(meta, source, analysis, config, layout, measured)
-    plan = make_plan(analysis, config, layout, measured)  # every decision, once
-    if config.tiling:
-        plan = _split(plan, config, source, analysis, layout, measured)
-    runner = _start(meta, plan, config, layout, graph if isinstance(graph, tf.Graph) else None)
+    prestarted = _prestart_servers(analysis, config, layout)
+    try:
+        measured = measure(meta, analysis, config, layout)
+        if config.search_routes:
+            measured = _route_trials(meta, source, analysis, config, layout, measured)
+        measured = _partition_counts(meta, source, analysis, config, layout, measured)
+        plan = make_plan(analysis, config, layout, measured)  # every decision, once
+        if config.tiling:
+            plan = _split(plan, config, source, analysis, layout, measured)
+        runner = _start(meta, plan, config, layout,
+                        graph if isinstance(graph, tf.Graph) else None)
+    finally:
+        if prestarted:  # not taken: no parameter servers after all, or an error came first
+            from tfpar.runtime import cluster as ps_cluster
+            ps_cluster.discard_prestarted()
     if runner.is_chief:
         log.info("%s", plan.table())
     if config.checkpoint_dir:
@@ -88,6 +95,20 @@ def _read(graph, config: Config):
     raise_blockers([b for b in analysis.blockers
                     if source.get_operation_by_name(b.subject).type.startswith("Horovod")])
     return meta, source, analysis
+
+
+def _prestart_servers(analysis, config: Config, layout) -> bool:
+    """Starts this host's parameter-server process ahead, when the plan as it stands before
+    any measurement puts variables on the servers (`cluster.prestart`); True if it may have."""
+    try:
+        _, on_ps = on_parameter_servers(analysis, config, layout)
+    except TfparError:
+        return False  # make_plan raises it, as without this
+    if not on_ps:
+        return False
+    from tfpar.runtime import cluster as ps_cluster
+    ps_cluster.prestart(layout)
+    return True
 
 
 def _join(requested, config: Config):
