@@ -64,12 +64,13 @@ def get_runner(graph, resources=None, config: Optional[Config] = None) -> "Runne
     requested = parse_resources(resources)
     meta, source, analysis = _read(graph, config)
     layout = _join(requested, config)
-    prestarted = _prestart_servers(analysis, config, layout)
+    measured = measure(meta, analysis, config, layout)
+    if config.search_routes:
+        measured = _route_trials(meta, source, analysis, config, layout, measured)
+    measured = _partition_counts(meta, source, analysis, config, layout, measured)
+    # Nothing is timed from here on, so the servers' start may share the cores.
+    prestarted = _prestart_servers(analysis, config, layout, measured)
     try:
-        measured = measure(meta, analysis, config, layout)
-        if config.search_routes:
-            measured = _route_trials(meta, source, analysis, config, layout, measured)
-        measured = _partition_counts(meta, source, analysis, config, layout, measured)
         plan = make_plan(analysis, config, layout, measured)  # every decision, once
         if config.tiling:
             plan = _split(plan, config, source, analysis, layout, measured)
@@ -97,11 +98,11 @@ def _read(graph, config: Config):
     return meta, source, analysis
 
 
-def _prestart_servers(analysis, config: Config, layout) -> bool:
-    """Starts this host's parameter-server process ahead, when the plan as it stands before
-    any measurement puts variables on the servers (`cluster.prestart`); True if it may have."""
+def _prestart_servers(analysis, config: Config, layout, measured: Measurements) -> bool:
+    """Starts this host's parameter-server process ahead of the rewrite when the plan puts
+    variables on the servers (`cluster.prestart`); True if it may have."""
     try:
-        _, on_ps = on_parameter_servers(analysis, config, layout)
+        _, on_ps = on_parameter_servers(analysis, config, layout, measured)
     except TfparError:
         return False  # make_plan raises it, as without this
     if not on_ps:
