@@ -110,6 +110,7 @@ def wait_for_arrival(call: int, timeout: float) -> None:
     _http(base + f"/{rank}", b"here")
     missing = [r for r in range(size) if r != rank]
     deadline = time.monotonic() + timeout
+    pause = 0.005  # the others are usually a moment behind: look again soon, then less often
     while missing:
         missing = [r for r in missing if _http(base + f"/{r}") is None]
         if not missing:
@@ -120,7 +121,8 @@ def wait_for_arrival(call: int, timeout: float) -> None:
                 f"rank(s) {which} of the job did not call tfpar.get_runner within "
                 f"{timeout:g} s (tfpar.Config(liveness_timeout={timeout:g})): every worker "
                 "must call tfpar.get_runner, the same number of times")
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.1)
 
 
 def _http(url: str, put: Optional[bytes] = None) -> Optional[bytes]:
@@ -473,7 +475,7 @@ class Liveness:
                 if time.monotonic() > deadline:
                     raise TfparError(f"worker {self.rank} cannot reach worker 0's liveness hub "
                                      f"at {self.hub_address}") from None
-                time.sleep(0.2)
+                time.sleep(0.05)  # the hub starts at the same time: it is usually a moment away
         reader = conn.makefile("r")
         mine = secrets.token_hex(16)
         try:

@@ -73,7 +73,7 @@ class PsProcess:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 return
             except OSError:
-                time.sleep(0.1)
+                time.sleep(0.02)  # a connection attempt is cheap; the job waits on this
         raise TfparError(f"the parameter server of host {host} did not start within "
                          f"{START_TIMEOUT_S} s")
 
