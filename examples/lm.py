@@ -167,6 +167,10 @@ def main():
                    "(default), through a dense allreduce or Horovod's allgather, their rows "
                    "sharded over the workers (all-to-all), or routed by their measured "
                    "density")
+    p.add_argument("--sharded-rows", choices=("auto", "modulo", "ranges"), default="auto",
+                   help="with --sparse-route sharded: row i on worker i %% N (modulo), or "
+                   "each worker a range of rows; auto (the default): as the job measures "
+                   "the ids where it measures them, else modulo (tfpar.Config(sharded_rows))")
     p.add_argument("--search-routes", nargs="?", const="on", choices=("on", "force"),
                    help="with --sparse-route auto: time the most promising sets of routes "
                    "in the job and keep the fastest (tfpar.Config(search_routes=True); "
@@ -199,6 +203,7 @@ def main():
                               args.local_aggregation or ("off" if args.no_local_aggregation
                                                          else "on")],
                           sparse_route=args.sparse_route, sync=not args.asynchronous,
+                          sharded_rows=args.sharded_rows,
                           search_routes={None: False, "on": True, "force": "force"}[
                               args.search_routes],
                           session_config=session_config(args.threads),
@@ -235,6 +240,8 @@ def main():
                    runner.plan.predicted_bytes_per_step,
                    "routes": {v.name: v.route for v in runner.plan.variables
                               if v.role == "trained"},
+                   "tilings": {v.name: str(v.tiling) for v in runner.plan.variables
+                               if v.role == "trained" and v.tiling is not None},
                    "routing": runner.plan.routing and runner.plan.routing.to_dict(),
                    "loss_first": float(np.mean(losses[:args.log_every])),
                    "loss_last": float(np.mean(losses[-args.log_every:]))}

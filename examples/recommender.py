@@ -127,6 +127,10 @@ def main():
                    help="with --sparse-route sharded (and no local aggregation): read the "
                    "input a step ahead and send the next batch's ids to their owners "
                    "during this step (tfpar.Config(ids_ahead=True))")
+    p.add_argument("--sharded-rows", choices=("auto", "modulo", "ranges"), default="auto",
+                   help="tables on route sharded: row i on worker i %% N (modulo), or each "
+                   "worker a range of rows; auto (the default): as the job measures the "
+                   "ids where it measures them, else modulo (tfpar.Config(sharded_rows))")
     p.add_argument("--allreduce-by-allgather", choices=("on", "off", "auto"), default="auto",
                    help="where the allgather route runs (AR mode): the dense gradients in "
                    "it too, one collective a step (tfpar.Config(allreduce_by_allgather); "
@@ -148,7 +152,7 @@ def main():
                               or ("off" if args.no_local_aggregation else "on")],
                           search_routes={None: False, "on": True, "force": "force"}[
                               args.search_routes], search_trials=args.search_trials,
-                          ids_ahead=args.ids_ahead,
+                          ids_ahead=args.ids_ahead, sharded_rows=args.sharded_rows,
                           allreduce_by_allgather=ON_OFF_AUTO[args.allreduce_by_allgather])
     with tfpar.get_runner(graph, config=config) as runner:              # tfpar line 2 of 2
         if runner.is_chief:

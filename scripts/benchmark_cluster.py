@@ -45,7 +45,8 @@ from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_trials", "HYBRID_allreduce",
            "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct",
-           "HYBRID_sharded_ahead", "HYBRID_async",
+           "HYBRID_sharded_ahead", "HYBRID_sharded_ranges", "HYBRID_sharded_direct_ranges",
+           "HYBRID_async",
            "HYBRID_direct", "AR", "AR_folded", "AR_frozen", "PS", "PS_measured", "PS_async", "PS_direct",
            "horovod", "horovod_sparse_as_dense", "tf_ps")
 DEFAULT_SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_async", "AR", "PS", "PS_async", "horovod",
@@ -61,6 +62,9 @@ LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_sharded_direct": "tfpar HYBRID, sparse sharded, no local aggregation",
           "HYBRID_sharded_ahead": "tfpar HYBRID, sparse sharded, no local aggregation, ids "
                                   "a step ahead",
+          "HYBRID_sharded_ranges": "tfpar HYBRID, sparse sharded, rows in ranges",
+          "HYBRID_sharded_direct_ranges": "tfpar HYBRID, sparse sharded, no local "
+                                          "aggregation, rows in ranges",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
           "HYBRID_direct": "tfpar HYBRID, no local aggregation",
           "HYBRID_measured": "tfpar HYBRID, routes and aggregation measured",
@@ -143,10 +147,12 @@ def model_bytes(system, vocab, n, hosts, rows):
         total = ps(sparse_unique_pull + dense, sparse_host_push + dense)
     elif system in ("PS_async", "PS_direct"):
         total = ps(sparse_unique_pull + dense, (per_worker_push + dense) * n / hosts)
-    elif system == "HYBRID_sharded":  # each worker's unique rows from their owners, each
-        # host's unique row gradients to them (local aggregation): the servers' bytes
+    elif system in ("HYBRID_sharded", "HYBRID_sharded_ranges"):  # each worker's unique
+        # rows from their owners, each host's unique row gradients to them (local
+        # aggregation): the servers' bytes
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
-    elif system in ("HYBRID_sharded_direct", "HYBRID_sharded_ahead"):  # each worker's
+    elif system in ("HYBRID_sharded_direct", "HYBRID_sharded_ahead",
+                    "HYBRID_sharded_direct_ranges"):  # each worker's
         # unique rows, both ways
         total = ring_allreduce(dense) + 2 * n * per_worker_push * remote
     elif system == "AR_frozen":  # the dense layer alone
@@ -202,6 +208,10 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm", partitions=N
                    "sharded_direct": ["--sparse-route", "sharded", "--no-local-aggregation"],
                    "sharded_ahead": ["--sparse-route", "sharded", "--no-local-aggregation",
                                      "--ids-ahead"],
+                   "sharded_ranges": ["--sparse-route", "sharded", "--sharded-rows", "ranges"],
+                   "sharded_direct_ranges": ["--sparse-route", "sharded",
+                                             "--no-local-aggregation", "--sharded-rows",
+                                             "ranges"],
                    "ps": ["--sparse-route", "ps"],
                    "frozen": ["--freeze-tables"],
                    "folded": ["--allreduce-by-allgather", "on"],

@@ -52,6 +52,10 @@ SCENARIOS_2 = [
                                                        "shared": "allreduce"}},
        feed_trials=True),
     sc("auto_adagrad", "adagrad", {"sparse_route": "auto"}, feed_trials=True),
+    # A table sharded by the user's dict, beside tables routed by density: its rows dealt
+    # out as the measured ids ask the busiest worker fewer rows (Config.sharded_rows).
+    sc("sharded_rows_measured_adam", "adam", {"sparse_route": {"emb/part_0": "sharded"}},
+       feed_trials=True),
     sc("allgather_adam_clip", "adam", {"sparse_route": "allgather"},
        model={"clip": 0.05}),
     # Each worker sums its rows by id before the allgather (duplicate ids within and
@@ -137,8 +141,15 @@ def _check_routes(ranks, scenario):
         fastest = min(t, key=t.get)
         if t[routes[name]] > t[fastest]:  # only a kind of route not paid for is passed over
             assert fastest not in used and "less than" in choice["reason"], choice
-        if "ps" not in forced.values() and not trials:  # tiny: savings cannot pay the protocol
+        if not {"ps", "sharded"} & set(forced.values()) and not trials:
+            # tiny: savings cannot pay the protocol (unless a forced route paid it)
             assert routes[name] not in ("ps", "sharded"), choice
+    for name in sparse:
+        if forced.get(name) == "sharded":  # dealt out as measured, the plan says so
+            tiling = next(v for v in plan["variables"] if v["name"] == name)["tiling"]
+            note = next(x for x in plan["notes"] if x.startswith(f"sharded rows of {name}:"))
+            assert note.split(": ")[1].startswith("modulo" if tiling[0] == "M" else "ranges")
+            assert tiling in ("M2", "R2") and "with modulo" in note, (tiling, note)
     comm = json.loads(str(ranks[0]["communication"]))
     if all(routes[n] != "ps" for n in sparse):
         assert plan["mode"] == "AR" and comm["ps_push"] == 0 and comm["ps_pull"] == 0

@@ -86,6 +86,9 @@ SHARDED_2 = [
     # An ExponentialMovingAverage of every variable after the step: the embedding's shadow
     # sharded alike, updated from each worker's own rows.
     sharded("adagrad_ema", {"optimizer": "adagrad", "ema": True}),
+    # Rows in ranges (Config.sharded_rows; the others deal them out modulo N).
+    sharded("adam_ranges", {"optimizer": "adam"}, {"sharded_rows": "ranges"}),
+    sharded("ftrl_ema_ranges", {"optimizer": "ftrl", "ema": True}, {"sharded_rows": "ranges"}),
 ]
 SHARDED_3 = [
     sharded("ftrl", {"optimizer": "ftrl"}),
@@ -94,6 +97,8 @@ SHARDED_3 = [
     # (Resource variables: with TF1 variables under TF2 control flow, a shadow's
     # initialized_value reads its variable in a race that a plain Session loses too.)
     sharded("momentum_ema", {"optimizer": "momentum", "ema": True}),
+    sharded("adagrad_clip_ranges", {"optimizer": "adagrad", "clip": 0.05},
+            {"sharded_rows": "ranges"}),
 ]
 SCENARIOS_3 = [
     sc("sgd_average", {"optimizer": "sgd"}),
@@ -144,12 +149,14 @@ def test_clipping_is_active_and_needs_the_combined_gradient(results2):
     assert not np.allclose(clipped["w1"], unclipped["w1"], rtol=RTOL, atol=ATOL)
 
 
-def check_sharded(ranks, n):
+def check_sharded(ranks, n, scenario):
     plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
     sparse = [v for v in plan.values() if v["kind"] == "sparse" and v["role"] == "trained"]
     assert sparse and all(v["route"] == "sharded" for v in sparse)
+    # rows over the n workers: modulo n (M) unless ranges (R) were asked
+    way = "R" if scenario["config"].get("sharded_rows") == "ranges" else "M"
     for v in sparse:
-        assert v["tiling"] == ("R" if n == 2 else f"R{n}")  # rows over the n workers
+        assert v["tiling"] == (way if n == 2 else f"{way}{n}")
         slots = [s for s in plan.values() if s["slot_of"] == v["name"]]
         assert all(s["route"] == "sharded" and s["tiling"] == v["tiling"] for s in slots)
     assert plan["w1"]["route"] == "allreduce"
@@ -160,7 +167,7 @@ def check_sharded(ranks, n):
 
 @each_scenario(SHARDED_2)
 def test_sharded_on_two_workers_equals_single_device(results2, scenario):
-    check_sharded(check(results2, scenario, 2), 2)
+    check_sharded(check(results2, scenario, 2), 2, scenario)
 
 
 @each_scenario(SHARDED_3)
@@ -169,7 +176,7 @@ def test_sharded_on_three_workers_equals_single_device(results3, scenario):
     ids and rows for the owners of local rank 0 (ranks 0 and 2), rank 1 for rank 1; rank
     2, alone on its host, for every owner."""
     ranks = check(results3, scenario, 3)
-    check_sharded(ranks, 3)
+    check_sharded(ranks, 3, scenario)
     plan = json.loads(str(ranks[0]["plan"]))
     assert [n for _, n in plan["hosts"]] == [2, 1] and plan["local_aggregation"]
 

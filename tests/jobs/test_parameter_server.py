@@ -56,8 +56,8 @@ SHARDED_4 = [
     {**sc("sharded_adam_p2", "adam", 2, {"sparse_route": "sharded"}),
      "model": {"optimizer": "adam", "emb_partitions": 2, "shared_embedding": True,
                "clip": 0.05}},
-    sc("sharded_adagrad_p1_no_local_aggregation", "adagrad", 1,
-       {"sparse_route": "sharded", "local_aggregation": False}),
+    sc("sharded_adagrad_p1_no_local_aggregation_ranges", "adagrad", 1,
+       {"sparse_route": "sharded", "local_aggregation": False, "sharded_rows": "ranges"}),
 ]
 
 results2 = job_results("results2", "ps2", 2, SCENARIOS_2)
@@ -108,7 +108,8 @@ def test_two_hosts_of_two_workers_equal_single_device(results4, scenario):
 def test_sharded_on_two_hosts_of_two_workers_equals_single_device(results4, scenario):
     ranks = check(results4, scenario, 4)
     plan = _plan(ranks)
-    assert plan["shared"]["route"] == "sharded" and plan["shared"]["tiling"] == "R4"
+    way = "R" if scenario["config"].get("sharded_rows") == "ranges" else "M"  # else modulo
+    assert plan["shared"]["route"] == "sharded" and plan["shared"]["tiling"] == f"{way}4"
     # Local aggregation (the default): the ids and the row gradients go to a worker of
     # the host first, which asks for the host's unique ids and sums the host's rows by id
     # before they cross to their owners (three more all-to-alls, within the host).

@@ -217,7 +217,7 @@ def test_split_layers_of_an_ordinary_graph_equal_single_device(job):
             if name in split:
                 whole = np.full(value.shape, np.nan, np.float32)
                 for data in ranks:
-                    box = tuple(slice(lo, hi) for lo, hi in data[f"box/{name}"])
+                    box = tuple(slice(*b) for b in data[f"box/{name}"])
                     tile = data[f"tile/{name}"]
                     assert tile.size < value.size or "bias" in name or asked.get(
                         name, "C") in ("r", "rr"), (name, "a split variable's tile is smaller")

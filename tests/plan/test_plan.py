@@ -306,11 +306,12 @@ def test_training_batch_norms_are_normalised_over_the_global_batch():
 
 
 def test_sharded_route_splits_rows_and_slots_over_the_workers():
-    """Config(sparse_route="sharded"): the sparse variable and its slots split by rows over
-    the workers (the first ranges a row longer), the dense ones on allreduce, no parameter
-    server; the plan prints each worker's rows and survives a JSON round trip."""
+    """Config(sparse_route="sharded", sharded_rows="ranges"): the sparse variable and its
+    slots split by rows over the workers (the first ranges a row longer), the dense ones
+    on allreduce, no parameter server; the plan prints each worker's rows and survives a
+    JSON round trip."""
     graph, _ = models.build(sparse=True, optimizer="adam", batch=8)
-    plan = make_plan(analyse(graph), tfpar.Config(sparse_route="sharded"),
+    plan = make_plan(analyse(graph), tfpar.Config(sparse_route="sharded", sharded_rows="ranges"),
                      parse_resources("a:2,b:1"))
     emb = plan.variable("emb")
     assert emb.route == "sharded" and str(emb.tiling) == "R3" and not emb.parts
@@ -328,6 +329,40 @@ def test_sharded_route_splits_rows_and_slots_over_the_workers():
     per_variable = make_plan(analyse(graph), tfpar.Config(sparse_route={"emb": "sharded"}),
                              parse_resources("localhost:2"))
     assert per_variable.variable("emb").route == "sharded"
+
+
+def test_sharded_rows_are_dealt_out_modulo_unless_ranges_are_asked_or_measured_better():
+    """Config.sharded_rows: "modulo" (row i on worker i % N; the default where nothing was
+    measured), "ranges", or "auto" with the measured rows asked of the busiest owner:
+    the way with the fewer wins, the plan's notes give both; slots follow."""
+    from tfpar.plan.measurements import Measurements
+    graph, _ = models.build(sparse=True, optimizer="adam", batch=8)
+    layout = parse_resources("a:2,b:1")
+    plan = make_plan(analyse(graph), tfpar.Config(sparse_route="sharded"), layout)
+    emb = plan.variable("emb")
+    assert str(emb.tiling) == "M3" and emb.tiling.cyclic
+    assert plan.variable("emb/Adam").tiling == plan.variable("emb/Adam_1").tiling == emb.tiling
+    assert "emb M3: w0[0::3,0:6] w1[1::3,0:6] w2[2::3,0:6]" in plan.table()
+    assert Plan.from_json(plan.to_json()) == plan
+    assert not any("sharded rows" in note for note in plan.notes)  # nothing measured
+    for ranges, modulo, way in ((30.0, 12.0, "M3"), (11.0, 12.0, "R3"), (12.0, 12.0, "M3")):
+        measured = Measurements(owner_rows={"emb": {"ranges": ranges, "modulo": modulo,
+                                                    "even": 10.0}})
+        chosen = make_plan(analyse(graph), tfpar.Config(sparse_route="sharded"), layout,
+                           measured)
+        assert str(chosen.variable("emb").tiling) == way
+        assert str(chosen.variable("emb/Adam").tiling) == way
+        note = next(x for x in chosen.notes if x.startswith("sharded rows of emb"))
+        assert f"{modulo:.0f} rows a step with modulo, {ranges:.0f} with ranges" in note
+        # An explicit choice is kept whatever was measured.
+        forced = make_plan(analyse(graph), tfpar.Config(sparse_route="sharded",
+                                                        sharded_rows="ranges"),
+                           layout, measured)
+        assert str(forced.variable("emb").tiling) == "R3"
+    with pytest.raises(tfpar.TfparError, match="sharded_rows must be"):
+        tfpar.Config(sharded_rows="hash")
+    with pytest.raises(tfpar.TfparError, match="only a sparse variable on route 'sharded'"):
+        tfpar.Config(tiling={"w1": "M"})
 
 
 def test_sharded_route_refusals():

@@ -59,6 +59,13 @@ class Config:
         as "auto").
         The plan says what was measured and why each route was taken.
       density_steps: steps per worker that "auto" measures alpha over.
+      sharded_rows: which worker owns which rows of a variable on route "sharded":
+        "modulo" (row i on worker i % N, as HugeCTR's SOK: a vocabulary sorted by
+        frequency spreads its hot rows over every worker), "ranges" (worker k a k-th of
+        the rows in one range, as TorchRec's row-wise sharding), or "auto" (the default:
+        where the job measures the ids (sparse_route "auto"), the one whose busiest
+        worker serves fewer rows a step, else "modulo"). The plan shows the tiling:
+        `M4` (modulo), `R4` (ranges).
       sync: True (default): synchronous training, equal to single-device training on the
         concatenated batch. False: asynchronous training of the variables on the parameter
         servers (PS mode; in HYBRID the sparse ones): each worker applies its own batch's
@@ -172,6 +179,7 @@ class Config:
     interface: Optional[str] = None
     sparse_route: Union[str, Dict[str, str]] = "ps"
     density_steps: int = 3
+    sharded_rows: str = "auto"
     sync: bool = True
     tiling: Union[None, str, Dict[str, str], "object"] = None
     tiling_min_bytes: int = 1 << 20
@@ -185,13 +193,20 @@ class Config:
                                             and self.tiling == "auto"):
             from tfpar.partition.tiling.cuts import Tiling
             self.tiling = _tiles_of(self.tiling)
+            cyclic = []
             try:
                 for name, t in self.tiling.items():
-                    Tiling.parse(t)
+                    if Tiling.parse(t).cyclic:
+                        cyclic.append(name)
             except (KeyError, ValueError, TypeError):
                 raise TfparError(f"Config.tiling: {t!r} (for {name!r}) is not a tiling: one "
                                  "letter per cut, R rows, C columns, r replicated, e.g. 'C' "
                                  "or 'rC'") from None
+            if cyclic:
+                raise TfparError(f"Config.tiling: {cyclic[0]!r} has a tiling with M (rows "
+                                 "dealt out in turn), which only a sparse variable on route "
+                                 "'sharded' takes (Config.sharded_rows); split a layer by "
+                                 "R, C or r")
         if (isinstance(self.tiling_min_bytes, bool) or not isinstance(self.tiling_min_bytes, int)
                 or self.tiling_min_bytes < 0):
             raise TfparError("Config.tiling_min_bytes must be a non-negative int (bytes), got "
@@ -288,6 +303,9 @@ class Config:
             if getattr(self, name) != "auto" and not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True, False or 'auto', got "
                                  f"{getattr(self, name)!r}")
+        if self.sharded_rows not in ("auto", "modulo", "ranges"):
+            raise TfparError(f"Config.sharded_rows must be 'auto', 'modulo' or 'ranges', got "
+                             f"{self.sharded_rows!r}")
         if not isinstance(self.ids_ahead, bool):
             raise TfparError(f"Config.ids_ahead must be True or False, got {self.ids_ahead!r}")
         if self.local_aggregation != "auto" and not isinstance(self.local_aggregation, bool):

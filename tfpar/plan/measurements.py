@@ -27,6 +27,9 @@ class Measurements:
     measured per worker (0: the rows were not measured, only the links). partitions: {variable: parts} decided in the job for the
     partitioner's groups (they win over Config.partitions for those variables).
     partition_search: {group: how its count was decided}, for the plan to show.
+    owner_rows: {sparse variable: {"ranges", "modulo": the rows a step would ask of the
+    busiest worker were the variable sharded so; "even": an n-th of the rows asked}}
+    (Config.sharded_rows "auto").
     routes, local_aggregation: what the fastest route trial ran (they win over density
     routing's choice and "auto" aggregation); route_trials: every trial, for the plan.
     """
@@ -35,6 +38,7 @@ class Measurements:
     alphas: Mapping[str, float] = dataclasses.field(default_factory=dict)
     sent_rows: Mapping[str, float] = dataclasses.field(default_factory=dict)
     duplicates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    owner_rows: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     steps: int = 0
     partitions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     partition_search: Mapping[str, GroupDecision] = dataclasses.field(default_factory=dict)

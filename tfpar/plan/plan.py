@@ -300,7 +300,7 @@ class Plan:
                          "tile each worker holds:")
             for v in split:
                 boxes = " ".join(
-                    f"w{d}[" + ",".join(f"{lo}:{hi}" for lo, hi in v.tiling.tile_ranges(v.shape, d))
+                    f"w{d}[" + ",".join(_slice_text(x) for x in v.tiling.tile_slices(v.shape, d))
                     + "]" for d in range(v.tiling.devices))
                 lines.append(f"  {v.name} {v.tiling}: {boxes}")
             if any(v.route == "sharded" for v in split) and len(self.hosts) > 1:
@@ -342,3 +342,8 @@ def _fmt_bytes(b, route) -> str:
     if route == "tiled" and b is None:
         return "with its layer"  # a slot or bias: counted with its weight's layer
     return "?" if b is None else f"{b:,.0f}"
+
+
+def _slice_text(x: slice) -> str:
+    """A tile's slice as numpy writes it: "0:6", or "1::4" (every 4th row from row 1)."""
+    return f"{x.start}:{x.stop}" if (x.step or 1) == 1 else f"{x.start}::{x.step}"

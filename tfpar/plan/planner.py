@@ -43,6 +43,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     blockers: List[Blocker] = list(analysis.blockers)
     parts = _parts(analysis, config, measured.partitions, on_ps, len(layout.hosts), notes)
     variables = []
+    rows = {name: _row_tiling(name, config, n, measured, notes)
+            for name in sorted(sparse_routes) if sparse_routes[name] == "sharded"}
     # Moving averages of sharded variables are split alike (their updates are row-wise).
     shadows = {s: v.name for v in analysis.trained for s in v.averages
                if sparse_routes.get(v.name) == "sharded"}
@@ -51,7 +53,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
             if v.name in on_ps:
                 variables.append(_ps_plan(v, config, n, parts[v.name]))
             elif v.name in shadows:
-                variables.append(VariablePlan(route="sharded", tiling=rows_over(n),
+                variables.append(VariablePlan(route="sharded", tiling=rows[shadows[v.name]],
                                               slot_of=shadows[v.name], **_common(v)))
             elif v.role == "slot" and sparse_routes.get(v.slot_of) == "sharded":
                 owner = analysis.variable(v.slot_of)
@@ -59,7 +61,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                     raise NotYetSupportedError(
                         f"slot {v.name!r} of {owner.name!r} has shape {list(v.shape)}, not the "
                         "variable's rows: tfpar cannot shard it with its variable")
-                variables.append(VariablePlan(route="sharded", tiling=rows_over(n),
+                variables.append(VariablePlan(route="sharded", tiling=rows[owner.name],
                                               slot_of=owner.name, **_common(v)))
             elif v.role == "slot" and v.slot_of in on_ps:
                 owner = analysis.variable(v.slot_of)
@@ -71,7 +73,7 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
                                               slot_of=owner.name, **_common(v)))
             else:
                 variables.append(_variable_plan(
-                    v, config, n, sparse_routes.get(v.name),
+                    v, config, n, sparse_routes.get(v.name), rows=rows.get(v.name),
                     summed=v.kind == "sparse" and _rows_summed(
                         v, config, measured.links, measured.alphas.get(v.name),
                         measured.sent_rows.get(v.name), n)))
@@ -617,12 +619,13 @@ def _gradients(v: VariableInfo, sum_duplicates: bool = False) -> Tuple[GradientP
 
 
 def _variable_plan(v: VariableInfo, config: Config, n: int,
-                   sparse_route: Optional[str] = None, summed: bool = False) -> VariablePlan:
+                   sparse_route: Optional[str] = None, summed: bool = False,
+                   rows: Optional[Tiling] = None) -> VariablePlan:
     if v.role != "trained":  # a slot's owner is named, so a tiling can split it alike
         return VariablePlan(route="replicated", slot_of=v.slot_of, **_common(v))
     grads = _gradients(v)
     if v.kind == "sparse" and sparse_route == "sharded":
-        return _sharded_plan(v, config, n, grads)
+        return _sharded_plan(v, config, n, grads, rows or rows_over(n))
     if v.kind == "sparse" and sparse_route == "allreduce":
         rows = v.shape[0]
         row_bytes = v.nbytes // rows
@@ -642,10 +645,27 @@ def _variable_plan(v: VariableInfo, config: Config, n: int,
                         reduction="average" if config.average_sparse else "sum", **_common(v))
 
 
-def rows_over(n: int) -> Tiling:
-    """The tiling of a sharded variable: its rows split over the n workers (worker k holds
-    the k-th range, the first ones a row longer, as fixed_size_partitioner cuts)."""
-    return Tiling((Cut(0, n),))
+def rows_over(n: int, modulo: bool = True) -> Tiling:
+    """The tiling of a sharded variable: its rows split over the n workers, dealt out in
+    turn (modulo: worker k holds rows k, k + n, ...; `M{n}`) or in ranges (worker k holds
+    the k-th range, the first ones a row longer, as fixed_size_partitioner cuts; `R{n}`)."""
+    return Tiling((Cut(0, n, cyclic=modulo),))
+
+
+def _row_tiling(name: str, config: Config, n: int, measured: Measurements,
+                notes: List[str]) -> Tiling:
+    """The rows of sharded variable `name` over the workers, as Config.sharded_rows says:
+    with "auto", the way whose busiest worker the measured ids ask fewer rows of (modulo
+    on a tie, and where nothing was measured: a vocabulary sorted by frequency would put
+    its hot rows in the first range)."""
+    way = config.sharded_rows
+    asked = measured.owner_rows.get(name)
+    if way == "auto" and asked:
+        way = "ranges" if asked["ranges"] < asked["modulo"] else "modulo"
+        notes.append(f"sharded rows of {name}: {way} (measured: the busiest worker is asked "
+                     f"{asked['modulo']:.0f} rows a step with modulo, {asked['ranges']:.0f} "
+                     f"with ranges; an even share {asked['even']:.0f})")
+    return rows_over(n, modulo=way != "ranges")
 
 
 def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
@@ -665,7 +685,8 @@ def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
     return None
 
 
-def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePlan:
+def _sharded_plan(v: VariableInfo, config: Config, n: int, grads,
+                  rows: Tiling) -> VariablePlan:
     replicated = _replicated_only(v)
     if replicated:
         raise TfparError(f"cannot shard {v.name!r}: {replicated}. Route it to 'allreduce' "
@@ -682,7 +703,7 @@ def _sharded_plan(v: VariableInfo, config: Config, n: int, grads) -> VariablePla
         ids = sum(math.prod(u.gradient.values_shape[:1]) * routing.INDEX_BYTES
                   for u in v.updates)
         predicted = cost.sharded_bytes(sum(values), ids, n)
-    return VariablePlan(route="sharded", tiling=rows_over(n), gradients=grads,
+    return VariablePlan(route="sharded", tiling=rows, gradients=grads,
                         predicted_bytes=predicted,
                         reduction="average" if config.average_sparse else "sum", **_common(v))
 

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfpar.partition.tiling.cuts import Cut, Tiling
 from tfpar.plan import cost
 
 from tfpar.runtime import job
@@ -47,40 +48,57 @@ def measure(meta, analysis, config, layout) -> Measurements:
         if config.tiling == "auto" and len(layout.hosts) > 1:  # the tiling mesh's host links
             return Measurements(links=measure_links())
         return Measurements()
-    rows_of = candidates if not aggregation else [
-        v for v in analysis.trained if v.kind == "sparse"]
+    # The ids are read anyway: those of the variables sharded by the user's dict too, to
+    # choose how their rows are dealt out (Config.sharded_rows "auto").
+    forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
+    names = {v.name for v in candidates}
+    rows_of = [v for v in analysis.trained if v.kind == "sparse" and (
+        v.name in names or aggregation or (forced.get(v.name) == "sharded"
+                                           and config.sharded_rows == "auto"))]
     # The rows a host's workers share: for local aggregation "auto", and for density
     # routing to price the servers' route with the aggregation it would get.
     per_host = aggregation or (candidates and config.local_aggregation is not False
                                and config.sync and len(layout.hosts) > 1
                                and max(h.slots for h in layout.hosts) > 1)
-    alphas, duplicates, sent = measure_rows(meta, rows_of, config.density_steps,
-                                            config.search_feed,
-                                            layout.host_of_rank if per_host else None)
+    alphas, duplicates, sent, owners = measure_rows(
+        meta, rows_of, config.density_steps, config.search_feed,
+        layout.host_of_rank if per_host else None)
     return Measurements(links=measure_links(), steps=config.density_steps,
                         alphas={v.name: alphas[v.name] for v in candidates}, sent_rows=sent,
-                        duplicates=duplicates)
+                        duplicates=duplicates, owner_rows=owners)
 
 
 def measure_rows(meta, variables: Sequence, steps: int,
                  feed: Optional[Callable[[int], dict]] = None,
                  host_of_rank: Optional[Callable[[int], int]] = None):
-    """(alpha, duplicates, sent): {variable name: mean fraction of its rows one worker's
-    step touches (over `steps` steps and every worker)}, {variable name: rows per
+    """(alpha, duplicates, sent, owners): {variable name: mean fraction of its rows one
+    worker's step touches (over `steps` steps and every worker)}, {variable name: rows per
     step, summed over hosts, that a host's workers touch more than once between them} (what
-    local aggregation saves; with `host_of_rank`, else empty), and {variable name: rows
+    local aggregation saves; with `host_of_rank`, else empty), {variable name: rows
     one worker's gradients carry per step, duplicate ids included} (what an allgather
-    sends), means over workers."""
+    sends), means over workers, and {variable name: {"ranges", "modulo": the rows a step
+    asks of the busiest owner were its rows sharded so (`Tiling` R{n}, M{n}); "even":
+    an n-th of all}}, means over steps."""
     hvd = job.horovod()
-    local, carried = _local_rows(copy_graph(with_shard_values(meta, hvd.size(), hvd.rank())),
+    n = hvd.size()
+    local, carried = _local_rows(copy_graph(with_shard_values(meta, n, hvd.rank())),
                                  variables, steps, feed)
     here = {v.name: (float(np.mean([len(ids) / v.shape[0] for ids in local[v.name]])),
-                     float(np.mean(carried[v.name]))) for v in variables}
+                     float(np.mean(carried[v.name])),
+                     {way: [owner_counts(ids, v.shape[0], n, way).tolist()
+                            for ids in local[v.name]] for way in ("ranges", "modulo")})
+            for v in variables}
     every = [json.loads(s) for s in job.allgather_strings(json.dumps(here))]
     alpha = {v.name: float(np.mean([e[v.name][0] for e in every])) for v in variables}
     sent = {v.name: float(np.mean([e[v.name][1] for e in every])) for v in variables}
+    owners = {}
+    for v in variables:
+        asked = {way: np.sum([e[v.name][2][way] for e in every], axis=0)  # [steps, n]
+                 for way in ("ranges", "modulo")}
+        owners[v.name] = {way: float(np.mean(np.max(a, axis=1))) for way, a in asked.items()}
+        owners[v.name]["even"] = float(np.mean(asked["modulo"].sum(axis=1))) / n
     if host_of_rank is None:
-        return alpha, {}, sent
+        return alpha, {}, sent, owners
     rows = [json.loads(s) for s in job.allgather_strings(json.dumps(local))]
     hosts: Dict[int, List[int]] = {}
     for rank in range(len(rows)):
@@ -95,7 +113,19 @@ def measure_rows(meta, variables: Sequence, steps: int,
                 total += sum(len(x) for x in sets) - len(set().union(*sets))
             per_step.append(total)
         duplicates[v.name] = float(np.mean(per_step))
-    return alpha, duplicates, sent
+    return alpha, duplicates, sent, owners
+
+
+def owner_counts(ids: Sequence[int], rows: int, n: int, way: str) -> np.ndarray:
+    """How many of `ids` (rows of a table of `rows` rows) each of n workers owns when
+    the rows are sharded by `way`: "ranges" (`Tiling` R{n}) or "modulo" (M{n})."""
+    ids = np.asarray(ids, np.int64)
+    if way == "modulo":
+        owner = ids % n
+    else:
+        starts = [Tiling((Cut(0, n),)).tile_ranges((rows,), k)[0][0] for k in range(1, n)]
+        owner = np.searchsorted(np.asarray(starts, np.int64), ids, side="right")
+    return np.bincount(owner, minlength=n)
 
 
 def _local_rows(graph: tf.Graph, variables, steps: int, feed):

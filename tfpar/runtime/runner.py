@@ -829,8 +829,9 @@ class Runner(surgery.session_base()):
 
     def tiles(self) -> Dict[str, dict]:
         """This worker's tiles of the variables split over the workers (Config.tiling):
-        {variable name: {"value": its tile, "tiling": the tiling, "box": [[start, stop],
-        ...] of the whole variable it holds}}."""
+        {variable name: {"value": its tile, "tiling": the tiling, "box": [[start, stop,
+        step], ...] of the whole variable it holds (step 1 but on the rows of a cyclic
+        tiling: `whole[start:stop:step, ...]`)}}."""
         if self._session is None:
             raise TfparError("this tfpar Runner is closed")
         names = sorted(self._tiles)
@@ -841,7 +842,8 @@ class Runner(surgery.session_base()):
         for name, value in zip(names, self._session.run(self._tile_reads)):
             v = self._plan.variable(name)
             out[name] = {"value": value, "tiling": str(v.tiling),
-                         "box": [list(b) for b in v.tiling.tile_ranges(v.shape, self._worker_id)]}
+                         "box": [[x.start, x.stop, x.step or 1] for x in
+                                 v.tiling.tile_slices(v.shape, self._worker_id)]}
         return out
 
     def ps_pushes(self) -> Dict[str, int]:
@@ -1022,9 +1024,8 @@ class Runner(surgery.session_base()):
             scope = f"tfpar/write_after/{self._late_reads}/{safe_name(var_name)}"
             same = same_on_every_worker([value], self._num_workers, scope, var_name, op_name)
             with tf.control_dependencies([same]):
-                box = v.tiling.tile_ranges(tuple(v.shape), self._worker_id)
                 write = _assign(self._tiles[var_name],
-                                value[tuple(slice(lo, hi) for lo, hi in box)])
+                                value[v.tiling.tile_slices(tuple(v.shape), self._worker_id)])
             self._collective |= {op.name for op in self._graph.get_operations()
                                  if op.type.startswith("Horovod")}
             return write

@@ -190,13 +190,25 @@ PRIMITIVES: Dict[str, object] = {
 def whole(tile: tf.Tensor, tiling: Tiling, shape, rank: int, name: str) -> tf.Tensor:
     """The whole variable on every worker, put together from every worker's tile under
     `tiling` (a collective: every worker must run it at the same point)."""
+    if tiling.cyclic:  # the tiles in order are the rows in ranges of a permuted table
+        ranges = Tiling((Cut(0, tiling.devices),))
+        stacked = whole(tile, ranges, shape, rank, name)
+        return tf.gather(stacked, cyclic_positions(shape[0], tiling.devices))
     everywhere = Tiling(tuple(Cut(None, c.parts) for c in tiling.cuts))
     return convert(tile, tiling, everywhere, tuple(shape), rank, None, name)
+
+
+def cyclic_positions(rows: int, n: int) -> tf.Tensor:
+    """Where row i of a table whose rows are dealt out over n workers in turn stands in
+    the workers' tiles put one after another: worker i % n's tile (the first rows % n
+    tiles a row longer) at place i // n."""
+    i = tf.range(rows, dtype=tf.int64)
+    k = i % n
+    return k * (rows // n) + tf.minimum(k, rows % n) + i // n
 
 
 def tile_of(value: tf.Tensor, tiling: Tiling, shape, rank: int, name: str) -> tf.Tensor:
     """This worker's tile under `tiling` of worker 0's whole `value` (the others' `value`
     is not read; a collective: every worker must run it at the same point)."""
     value = broadcast(value, tuple(shape), tiling.devices, rank, 0, None, name)
-    box = tiling.tile_ranges(tuple(shape), rank)
-    return value[tuple(slice(lo, hi) for lo, hi in box)]
+    return value[tiling.tile_slices(tuple(shape), rank)]

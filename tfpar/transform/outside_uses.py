@@ -92,7 +92,7 @@ class OutsideUses:
         graph = self.var_op.graph
         replaced: Dict[str, object] = {}
         done: Dict[tf.Operation, tf.Operation] = {}
-        box = tiling.tile_ranges(tuple(shape), rank)
+        box = tiling.tile_slices(tuple(shape), rank)
         wholes: Dict[Tuple[str, ...], tf.Tensor] = {}
 
         def whole_after(ops: Iterable[tf.Operation]) -> tf.Tensor:
@@ -139,24 +139,26 @@ class OutsideUses:
 
 def _write(op: tf.Operation, tile: tf.Variable, box, shape, n: int, scope: str,
            whole) -> tf.Operation:
-    """`op`'s write of the variable (of `shape`) done on this worker's `tile` (the `box`
-    of it), after every worker's inputs to it are checked to be the same. whole(): the
-    whole variable's value before `op` (a collective: called only where needed)."""
+    """`op`'s write of the variable (of `shape`) done on this worker's `tile` (the slices
+    `box` of it: `Tiling.tile_slices`), after every worker's inputs to it are checked to
+    be the same. whole(): the whole variable's value before `op` (a collective: called
+    only where needed)."""
     partial = op.type in partial_writes.TYPES
     checked = partial_writes.inputs(op) if partial else [op.inputs[1]]
     with tf.control_dependencies(op.control_inputs), tf.compat.v1.name_scope(scope + "/"):
         same = same_on_every_worker(checked, n, scope, op.inputs[0].op.name, op.name)
         with tf.control_dependencies([same]):
             if op.type in partial_writes.ROW_SCATTERS:
-                (lo, hi), columns = box[0], box[1:]
-                ids, rows = partial_writes.rows_in(op, shape[0], lo, hi, columns)
+                rows_held, columns = box[0], [(x.start, x.stop) for x in box[1:]]
+                ids, rows = partial_writes.rows_in(op, shape[0], rows_held.start,
+                                                   rows_held.stop, columns, rows_held.step or 1)
                 return tf.group(partial_writes.scatter(op, tile, ids, rows), name="done")
             if partial:  # an n-d scatter or a slice's assign: this tile of its result
                 value = partial_writes.new_value(op, whole())
                 kind = "AssignVariableOp" if op.inputs[0].dtype == tf.resource else "Assign"
             else:
                 value, kind = op.inputs[1], op.type
-            piece = value[tuple(slice(lo, hi) for lo, hi in box)]
+            piece = value[box]
             if kind in _RESOURCE_WRITES:
                 write = _RESOURCE_WRITES[kind](resource=tile.handle, value=piece)
             else:

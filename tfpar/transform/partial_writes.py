@@ -58,19 +58,22 @@ def inputs(op: tf.Operation) -> List[tf.Tensor]:
 
 
 def rows_in(op: tf.Operation, rows: int, lo: int, hi: int,
-            columns: Sequence[Tuple[int, int]] = ()) -> Tuple[tf.Tensor, tf.Tensor]:
-    """The ids (made local: less `lo`) and rows of `op`'s row scatter that fall in rows
-    [lo, hi) of a variable of `rows` rows, each row cut to `columns` (a (start, stop) per
-    further dimension; none: whole rows). An id outside [0, rows) fails the run before any
-    write, as on one device."""
+            columns: Sequence[Tuple[int, int]] = (), step: int = 1) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The ids (made local: less `lo`, over `step`) and rows of `op`'s row scatter that
+    fall in rows lo, lo + step, ... below hi of a variable of `rows` rows, each row cut to
+    `columns` (a (start, stop) per further dimension; none: whole rows). An id outside
+    [0, rows) fails the run before any write, as on one device."""
     ids, updates = op.inputs[1], op.inputs[2]
     flat = tf.reshape(ids, [-1])
     checked = [tf.debugging.assert_non_negative(flat, message=f"tfpar: {op.name}: ids"),
                tf.debugging.assert_less(flat, tf.cast(rows, flat.dtype),
                                         message=f"tfpar: {op.name}: ids out of range")]
     with tf.control_dependencies(checked):
-        mine = tf.reshape(tf.where((flat >= lo) & (flat < hi)), [-1])
-        local = tf.gather(flat, mine) - tf.cast(lo, flat.dtype)
+        held = (flat >= lo) & (flat < hi)
+        if step != 1:
+            held &= tf.equal((flat - tf.cast(lo, flat.dtype)) % tf.cast(step, flat.dtype), 0)
+        mine = tf.reshape(tf.where(held), [-1])
+        local = (tf.gather(flat, mine) - tf.cast(lo, flat.dtype)) // tf.cast(step, flat.dtype)
     if updates.shape.rank == 0:
         return local, updates  # one value for every id
     rows_of = tf.reshape(updates, tf.concat([[-1], tf.shape(updates)[tf.rank(ids):]], 0))

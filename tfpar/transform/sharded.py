@@ -3,7 +3,8 @@
 
 For every variable with route "sharded" (and its optimizer slots, split alike), on worker r:
 
-- the worker holds rows [lo, hi) of the plan's row tiling (`rows_over`) as a variable of
+- the worker holds its rows of the plan's row tiling (`rows_over`: a range of rows, or
+  every n-th row from its rank on: `RowOwners`) as a variable of
   its own (initial value: worker 0's whole initial value, sliced), in collection `TILES`,
   so checkpoints, fetches and restores see the whole variable as they see a tiled one
   (`collectives.whole`, `collectives.tile_of`); the whole variable is never made;
@@ -24,7 +25,7 @@ For every variable with route "sharded" (and its optimizer slots, split alike), 
   way);
 - each owner applies a copy of the user's own update ops (the same optimizer and
   hyper-parameters; TensorFlow's duplicate-summing included) to its rows and slots, with
-  ids made local to its range. Every worker thus updates its own rows as a single device
+  ids made local to its rows. Every worker thus updates its own rows as a single device
   would update them with the gradient of the concatenated batch.
 
 The user's own writes and reads of the variable outside the training step (an `assign`
@@ -96,7 +97,7 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
         # one exchange; another group's runs may lack their ids (a GAN's real images).
         groups: Dict[tuple, List[_Lookup]] = {}
         for lk in lookups:
-            key = (plan.groups_of(lk.owner.v.name), lk.ids.name, tuple(lk.owner.starts),
+            key = (plan.groups_of(lk.owner.v.name), lk.ids.name, lk.owner.owners,
                    lk.owner.part.dtype.base_dtype.name)
             groups.setdefault(key, []).append(lk)
         for k, update_groups in enumerate(sorted({key[0] for key in groups})):
@@ -129,8 +130,7 @@ class _Sharded:
         self.by_name = by_name
         self.var_op = graph.get_operation_by_name(v.name)
         self.resource = self.var_op.type == "VarHandleOp"
-        self.starts = [v.tiling.tile_ranges(v.shape, d)[0][0] for d in range(self.n)]
-        self.lo, self.hi = v.tiling.tile_ranges(v.shape, rank)[0]
+        self.owners = RowOwners.of(v.tiling, v.shape)
         self.scope = f"tfpar/sharded/{safe_name(v.name)}"
         with graph.as_default(), tf.compat.v1.name_scope(None):
             self.part = new_tile(graph, self.var_op, v.tiling, tuple(v.shape), rank,
@@ -138,7 +138,7 @@ class _Sharded:
         self.update_ops = self._update_ops()
 
     def rows(self, local_ids: tf.Tensor) -> tf.Tensor:
-        """This worker's rows at `local_ids` (row numbers within its range). Gathered from
+        """This worker's rows at `local_ids` (row numbers within its rows). Gathered from
         the handle: a read of a variable that sparse updates write copies it whole."""
         if self.resource:
             return tf.raw_ops.ResourceGather(resource=self.part.handle, indices=local_ids,
@@ -259,7 +259,7 @@ class _Sharded:
             flat = tf.reshape(values, [-1, values.shape[1:].num_elements()])
             unique, where = tf.unique(tf.reshape(indices, [-1]))
             summed = tf.math.unsorted_segment_sum(flat, where, tf.size(unique))
-            sorted_ids, splits, order = _by_owner(unique, self.starts, self.exchanges.n)
+            sorted_ids, splits, order = _by_owner(unique, self.owners)
         return _Send(self, i, g, values, indices, sorted_ids, tf.gather(summed, order), splits)
 
     def apply(self, send: "_Send", made) -> tf.Operation:
@@ -272,7 +272,7 @@ class _Sharded:
             mine, at = tf.unique(send.got_ids)
             total = tf.math.unsorted_segment_sum(send.got_rows, at, tf.size(mine))
             total = tf.reshape(total, [-1] + values.shape[1:].as_list())
-            local = tf.cast(mine - self.lo, indices.dtype)
+            local = tf.cast(self.owners.local(mine, self.rank), indices.dtype)
         mapping = {values: total, indices: local,
                    self.var_op.outputs[0]: surgery.variable_input(self.part)}
         used = {t for op in ops for t in op.inputs}
@@ -340,14 +340,43 @@ class _Lookup:
         return self.gather.inputs[1]
 
 
-def _by_owner(ids: tf.Tensor, starts, n: int):
-    """(ids sorted by owner, as int64; how many each owner gets; the sorting permutation).
-    starts: the first row of each worker's range."""
+@dataclasses.dataclass(frozen=True)
+class RowOwners:
+    """Which worker owns each row of a sharded variable, as its plan's tiling says: row
+    ranges (`starts`: each worker's first row; tiling `R{n}`) or rows dealt out in turn
+    (row i: worker i % n; tiling `M{n}`)."""
+
+    n: int
+    starts: Tuple[int, ...] = ()
+    cyclic: bool = False
+
+    @classmethod
+    def of(cls, tiling, shape) -> "RowOwners":
+        n = tiling.devices
+        if tiling.cyclic:
+            return cls(n, (), True)
+        return cls(n, tuple(tiling.tile_ranges(shape, d)[0][0] for d in range(n)))
+
+    def owner(self, ids64: tf.Tensor) -> tf.Tensor:
+        """The owner of each id (int64), as int32."""
+        if self.cyclic:
+            return tf.cast(ids64 % self.n, tf.int32)
+        bounds = tf.constant(np.array(self.starts[1:], np.int64))
+        return tf.searchsorted(bounds, ids64, side="right", out_type=tf.int32)
+
+    def local(self, ids: tf.Tensor, rank: int) -> tf.Tensor:
+        """Worker `rank`'s ids (of rows it owns) as row numbers of its own rows."""
+        if self.cyclic:
+            return ids // self.n
+        return ids - self.starts[rank]
+
+
+def _by_owner(ids: tf.Tensor, owners: RowOwners):
+    """(ids sorted by owner, as int64; how many each owner gets; the sorting permutation)."""
     ids64 = tf.cast(ids, tf.int64)
-    bounds = tf.constant(np.array(starts[1:], np.int64))
-    owner = tf.searchsorted(bounds, ids64, side="right", out_type=tf.int32)
+    owner = owners.owner(ids64)
     order = tf.argsort(owner, stable=True)
-    splits = tf.math.bincount(owner, minlength=n, maxlength=n, dtype=tf.int32)
+    splits = tf.math.bincount(owner, minlength=owners.n, maxlength=owners.n, dtype=tf.int32)
     return tf.gather(ids64, order), splits, order
 
 
@@ -362,8 +391,8 @@ class _Exchanges:
 
     def to_owners(self, items, name: str):
         """Rows with their ids to the workers that own them. items: [(ids sorted by owner
-        (int64), their rows [k, width], how many go to each worker, the owners' first
-        rows)], the rows of one dtype. Returns per item (ids, rows) that arrived here.
+        (int64), their rows [k, width], how many go to each worker, their
+        `RowOwners`)], the rows of one dtype. Returns per item (ids, rows) that arrived here.
 
         With local aggregation, the rows go first to the worker of this host that collects
         them for their owner (the owner's local rank, modulo the host's workers), which
@@ -396,16 +425,16 @@ class _Exchanges:
             first.append((tf.gather(ids, order), tf.gather(rows, order), per_collector))
         got = self.many(first, f"{name}_host")
         out = []
-        for (ids, rows, _), (_, _, _, starts) in zip(got, items):
+        for (ids, rows, _), (_, _, _, owners) in zip(got, items):
             unique, where = tf.unique(ids)
             summed = tf.math.unsorted_segment_sum(rows, where, tf.size(unique))
-            sorted_ids, splits, order = _by_owner(unique, starts, self.n)
-            out.append((sorted_ids, tf.gather(summed, order), splits, starts))
+            sorted_ids, splits, order = _by_owner(unique, owners)
+            out.append((sorted_ids, tf.gather(summed, order), splits, owners))
         return out
 
     def ask(self, items, serve, name: str):
         """Rows from their owners. items: [(ids sorted by owner (int64), how many go to each
-        worker, the owners' first rows)]; serve(k, ids): item k's rows [m, width] at the
+        worker, their `RowOwners`)]; serve(k, ids): item k's rows [m, width] at the
         ids that came to this worker, in their order. Returns each item's rows in the
         order of its ids: one all-to-all of ids and one of rows for all items.
 
@@ -496,10 +525,10 @@ class _Exchanges:
             perms.append(order)
         got = self.many(first, f"{name}_host_ids")
         second, kept = [], []
-        for (ids, _, came), (_, _, starts) in zip(got, items):
+        for (ids, _, came), (_, _, owners) in zip(got, items):
             unique, where = tf.unique(ids)
-            sorted_ids, splits, order = _by_owner(unique, starts, self.n)
-            second.append((sorted_ids, splits, starts))
+            sorted_ids, splits, order = _by_owner(unique, owners)
+            second.append((sorted_ids, splits, owners))
             kept.append((where, order, came))
         rows = self._ask_owners(second, serve, name)  # the host's unique ids
         handed = [tf.gather(tf.gather(r, tf.math.invert_permutation(order)), where)
@@ -629,7 +658,7 @@ def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops,
                else f"alone_{len(together)}")
         together.setdefault(key, []).append(send)
     for k, group in enumerate(together.values()):
-        got = exchanges.to_owners([(x.ids, x.rows, x.splits, x.owner.starts) for x in group],
+        got = exchanges.to_owners([(x.ids, x.rows, x.splits, x.owner.owners) for x in group],
                                   f"gradients_{k}")
         for send, (ids, rows) in zip(group, got):
             send.got_ids, send.got_rows = ids, rows
@@ -655,12 +684,12 @@ def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges",
             asks, widths = [], {}
             for group in batch:
                 unique, where = tf.unique(tf.reshape(group[0].ids, [-1]))
-                sorted_ids, splits, order = _by_owner(unique, group[0].owner.starts,
-                                                      exchanges.n)
-                asks.append((sorted_ids, splits, group[0].owner.starts, where, order))
+                sorted_ids, splits, order = _by_owner(unique, group[0].owner.owners)
+                asks.append((sorted_ids, splits, group[0].owner.owners, where, order))
 
             def serve(k, ids, batch=batch):
-                packed, widths[k] = _rows_of(batch[k], ids - batch[k][0].owner.lo)
+                owner = batch[k][0].owner
+                packed, widths[k] = _rows_of(batch[k], owner.owners.local(ids, owner.rank))
                 return packed
 
             if ahead is None:
@@ -669,8 +698,7 @@ def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges",
                 nexts = []
                 for group in batch:
                     unique, _ = tf.unique(tf.reshape(group[0].ahead, [-1]))
-                    sorted_ids, splits, _ = _by_owner(unique, group[0].owner.starts,
-                                                      exchanges.n)
+                    sorted_ids, splits, _ = _by_owner(unique, group[0].owner.owners)
                     nexts.append((sorted_ids, splits))
                 back = exchanges.ask_ahead([a[:2] for a in asks], nexts, serve, name, ahead)
             for k, (group, rows, ask) in enumerate(zip(batch, back, asks)):

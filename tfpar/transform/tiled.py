@@ -89,11 +89,10 @@ def initial_value(var_op: tf.Operation) -> tf.Tensor:
 def new_tile(graph, var_op, tiling, shape, rank, name):
     """A variable holding this worker's tile of `var_op`, from worker 0's initial value."""
     import horovod.tensorflow as hvd
-    box = tiling.tile_ranges(shape, rank)
     with tf.control_dependencies(None), tf.compat.v1.name_scope(None):
         whole = hvd.broadcast(collectives.never_folded(initial_value(var_op)), 0,
                               name=f"{name}/initial")
-        value = whole[tuple(slice(lo, hi) for lo, hi in box)]
+        value = whole[tiling.tile_slices(shape, rank)]
         return tf.compat.v1.Variable(value, name=name, trainable=False, collections=[TILES],
                                      use_resource=var_op.type == "VarHandleOp")
 

@@ -307,6 +307,33 @@ def test_plan_round_trips_and_prints():
         ((0, 2), (0, 3)), ((0, 2), (3, 6)), ((2, 4), (0, 3)), ((2, 4), (3, 6))]
 
 
+def test_a_cyclic_row_cut_deals_the_rows_out_in_turn():
+    """`M` (rows dealt out over the parts in turn): every row held once, part k rows k,
+    k + m, ...; as many rows per part as the range cut `R` gives it; no boxes."""
+    for rows, m in ((20, 3), (7, 7), (9, 2), (6, 4)):
+        cyclic, ranges = Tiling.parse(f"M{m}"), Tiling.parse(f"R{m}")
+        assert str(cyclic) == (f"M{m}" if m != 2 else "M") and cyclic.cyclic
+        assert not ranges.cyclic
+        assert cyclic.tile_shape((rows, 5)) == ranges.tile_shape((rows, 5))
+        held = np.zeros(rows, int)
+        for k in range(m):
+            box = cyclic.tile_slices((rows, 5), k)
+            assert box[1] == slice(0, 5)
+            picked = np.arange(rows)[box[0]]
+            assert (picked % m == k).all()
+            (lo, hi), _ = ranges.tile_ranges((rows, 5), k)
+            assert len(picked) == hi - lo  # the same tile sizes as the ranges'
+            held[picked] += 1
+        assert (held == 1).all()
+    assert str(Tiling.parse("M")) == "M" and Tiling.parse("M").cuts[0].parts == 2
+    with pytest.raises(ValueError, match="not ranges"):
+        Tiling.parse("M3").tile_ranges((9,), 0)
+    with pytest.raises(ValueError, match="only a row cut"):
+        Cut(1, 2, cyclic=True)
+    with pytest.raises(ValueError, match="only cut"):
+        Tiling((Cut(0, 2, cyclic=True), Cut(1, 2))).tile_slices((4, 4), 0)
+
+
 def test_bad_input():
     with pytest.raises(tfpar.TfparError, match="positive int"):
         plan_tiling(SOYBEAN_MLP, 0)

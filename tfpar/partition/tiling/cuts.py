@@ -18,6 +18,11 @@ a tensor of S elements:
     red     -> r       : 2S(m - 1)   (red -> split -> r)
 
 For m = 2 this is the digest's table (R<->C S/2, R->r S, red->R S, red->r 2S).
+
+One more basic tiling is not a box: `M` (a *cyclic* row cut, `Cut(0, m, cyclic=True)`),
+part k holding rows k, k + m, k + 2m, ... (HugeCTR SOK's ownership of embedding rows by id
+modulo m). Only route "sharded" uses it, as a tiling's only cut; `tile_slices` gives every
+tiling's tile as slices (a step on the rows for `M`), `tile_ranges` boxes only.
 """
 from __future__ import annotations
 
@@ -29,13 +34,19 @@ RED = "red"
 
 @dataclasses.dataclass(frozen=True)
 class Cut:
-    """One basic tiling: split dimension `dim` into `parts`, or replicate (dim None)."""
+    """One basic tiling: split dimension `dim` into `parts`, or replicate (dim None).
+    cyclic: rows dealt out in turn (part k holds rows k, k + parts, ...), not in ranges."""
 
     dim: Union[int, None, str]  # a dimension, None (replicate) or RED (partial sums)
     parts: int = 2
+    cyclic: bool = False
+
+    def __post_init__(self):
+        if self.cyclic and self.dim != 0:
+            raise ValueError("only a row cut (dimension 0) can be cyclic")
 
     def __str__(self):
-        letter = ("r" if self.dim is None else "+" if self.dim == RED
+        letter = ("r" if self.dim is None else "+" if self.dim == RED else "M" if self.cyclic
                   else {0: "R", 1: "C"}.get(self.dim, f"P{self.dim}"))
         return letter if self.parts == 2 else f"{letter}{self.parts}"
 
@@ -81,9 +92,28 @@ class Tiling:
             out.append((device // rest) % c.parts)
         return tuple(out)
 
+    @property
+    def cyclic(self) -> bool:
+        """Whether a cut deals the rows out in turn (`M`): the tiles are not boxes."""
+        return any(c.cyclic for c in self.cuts)
+
+    def tile_slices(self, shape: Sequence[int], device: int) -> Tuple[slice, ...]:
+        """The slices of a whole tensor of `shape` that make `device`'s tile, for every
+        tiling (`value[tiling.tile_slices(shape, d)]`): a cyclic cut's rows by a step."""
+        if self.cyclic:
+            if len(self.cuts) != 1:
+                raise ValueError(f"tiling {self}: a cyclic cut must be the only cut")
+            return (slice(device, shape[0], self.cuts[0].parts),) + tuple(
+                slice(0, n) for n in shape[1:])
+        return tuple(slice(lo, hi) for lo, hi in self.tile_ranges(shape, device))
+
     def tile_ranges(self, shape: Sequence[int], device: int) -> Tuple[Tuple[int, int], ...]:
         """The [start, stop) range along each dimension that `device` holds. A split that
-        does not divide evenly gives the first parts one more (as numpy's array_split)."""
+        does not divide evenly gives the first parts one more (as numpy's array_split).
+        Not for a cyclic tiling (its tiles are not boxes: `tile_slices`)."""
+        if self.cyclic:
+            raise ValueError(f"tiling {self} deals rows out in turn: its tiles are not "
+                             "ranges (use tile_slices)")
         ranges = [[0, n] for n in shape]
         for c, part in zip(self.cuts, self.digits(device)):
             if c.splits:
@@ -110,7 +140,8 @@ class Tiling:
     @classmethod
     def parse(cls, text: str) -> "Tiling":
         """"RC", "rR", "C3R" (a 3-way column cut, then a 2-way row cut), "+C" (partial
-        sums over the first cut, columns split inside); "-" (no cut)."""
+        sums over the first cut, columns split inside), "M4" (rows dealt out over 4
+        parts in turn); "-" (no cut)."""
         if text == "-":
             return cls()
         cuts, i = [], 0
@@ -125,13 +156,13 @@ class Tiling:
                     j += 1
                 dim, i = int(text[i:j]), j
             else:
-                dim = {"R": 0, "C": 1, "r": None}[ch]
+                dim = {"R": 0, "C": 1, "r": None, "M": 0}[ch]
             j = i
             while j < len(text) and text[j].isdigit():
                 j += 1
             parts = int(text[i:j]) if j > i else 2
             i = j
-            cuts.append(Cut(dim, parts))
+            cuts.append(Cut(dim, parts, cyclic=ch == "M"))
         return cls(tuple(cuts))
 
 
