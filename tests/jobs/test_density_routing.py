@@ -149,7 +149,7 @@ def _check_routes(ranks, scenario):
             tiling = next(v for v in plan["variables"] if v["name"] == name)["tiling"]
             note = next(x for x in plan["notes"] if x.startswith(f"sharded rows of {name}:"))
             assert note.split(": ")[1].startswith("modulo" if tiling[0] == "M" else "ranges")
-            assert tiling in ("M2", "R2") and "with modulo" in note, (tiling, note)
+            assert tiling in ("M", "R") and "with modulo" in note, (tiling, note)  # 2 parts
     comm = json.loads(str(ranks[0]["communication"]))
     if all(routes[n] != "ps" for n in sparse):
         assert plan["mode"] == "AR" and comm["ps_push"] == 0 and comm["ps_pull"] == 0
