@@ -49,6 +49,17 @@ RATIOS = {
                                                        "TF parameter servers"),
                                                       ("tfpar HYBRID, density routing",
                                                        "tfpar AR")]),
+    "sharded_rows_large_batch": (
+        "sharded rows dealt out modulo N against rows in ranges, LM 2,048 words (a "
+        "vocabulary sorted by frequency), 2 x 2, 100 Mbit/s",
+        [("tfpar HYBRID, sparse sharded (all-to-all)",
+          "tfpar HYBRID, sparse sharded, rows in ranges"),
+         ("tfpar HYBRID, sparse sharded (all-to-all)", "tfpar HYBRID")]),
+    "sharded_rows_small_batch": (
+        "sharded rows dealt out modulo N against rows in ranges, LM 128 words, 2 x 2, 1 Gbit/s",
+        [("tfpar HYBRID, sparse sharded, no local aggregation",
+          "tfpar HYBRID, sparse sharded, no local aggregation, rows in ranges"),
+         ("tfpar HYBRID, sparse sharded, no local aggregation, ids a step ahead", "tfpar AR")]),
 }
 
 

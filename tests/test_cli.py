@@ -72,3 +72,18 @@ def test_plan_routes_sparse_variables_as_asked():
     plan = Plan.from_json(proc.stdout)
     assert plan.variable("embedding").route == "ps"
     assert any("density not measured" in n for n in plan.notes)
+
+
+def test_plan_shows_each_workers_sharded_rows():
+    """`tfpar plan --sparse-route sharded`: rows dealt out modulo N (without a job's
+    measurement), or in ranges with --sharded-rows ranges; each worker's rows printed."""
+    lm = os.path.join(REPO, "examples", "lm.py")
+    proc = tfpar_cmd("plan", f"{lm}:build_graph", "--resources", "hostA:2,hostB:2",
+                     "--sparse-route", "sharded")
+    assert proc.returncode == 0, proc.stderr
+    assert "embedding M4: w0[0::4,0:64] w1[1::4,0:64] w2[2::4,0:64] w3[3::4,0:64]" \
+        in proc.stdout, proc.stdout
+    proc = tfpar_cmd("plan", f"{lm}:build_graph", "--resources", "hostA:2,hostB:2",
+                     "--sparse-route", "sharded", "--sharded-rows", "ranges")
+    assert proc.returncode == 0, proc.stderr
+    assert "embedding R4: w0[0:25000,0:64]" in proc.stdout, proc.stdout

@@ -145,6 +145,9 @@ def main(argv=None):
                       "a dense allreduce, Horovod's allgather, their rows sharded over the "
                       "workers (all-to-all), or routed by density (measured only in a job: "
                       "the plan keeps them on the servers and says so)")
+    plan.add_argument("--sharded-rows", default="auto", choices=("auto", "modulo", "ranges"),
+                      help="route sharded: row i on worker i %% N (modulo; what auto takes "
+                      "without a job's measurement) or each worker a range of rows")
     plan.add_argument("--no-local-aggregation", action="store_true",
                       help="push every worker's gradient to the PS (not one push per host)")
     plan.add_argument("--search-cache", help="folder of remembered partition searches "
@@ -208,7 +211,7 @@ def main(argv=None):
                         average_sparse=not args.sum, gradient_scope=scope,
                         partitions=args.partitions, search_cache=args.search_cache,
                         local_aggregation=not args.no_local_aggregation,
-                        sparse_route=args.sparse_route)
+                        sparse_route=args.sparse_route, sharded_rows=args.sharded_rows)
         measured, notes = trials.resolve_counts(
             source, to_meta_graph(graph), analysis, config, layout, Measurements(),
             forget=args.forget_search)
