@@ -6,7 +6,8 @@ linear warm-up, and BERT's own `AdamWeightDecayOptimizer`: no TF optimizer kerne
 all, its m and v are non-trainable variables, and every update is an `assign` of
 arithmetic on the gradient, so the word embeddings' IndexedSlices are made dense by the
 optimizer itself (a dense update of a sparse variable); weight decay for all but the
-layer norms and biases; the global step incremented by hand.
+layer norms and biases; the global step incremented by hand (after the update: see
+`create_optimizer`).
 
 usage: horovodrun -np N ... python bert_optimizer.py OUT_DIR
        python bert_optimizer.py OUT_DIR --single N   (one device, the N workers' batches
@@ -98,7 +99,12 @@ def create_optimizer(loss, init_lr, num_train_steps, num_warmup_steps, clip=True
     if clip:
         grads, _ = tf.clip_by_global_norm(grads, clip_norm=1.0)
     train_op = optimizer.apply_gradients(zip(grads, tvars), global_step=global_step)
-    new_global_step = global_step + 1
+    # BERT groups the increment with the update, unordered: it races with the learning
+    # rate's reads of the step, on one device too (a CI run once took the increment
+    # first in the job and not on one device). Ordered after the update, as TF's own
+    # optimizers increment the step, so the runs compared are determinate.
+    with tf.control_dependencies([train_op]):
+        new_global_step = global_step + 1
     return tf.group(train_op, [global_step.assign(new_global_step)])
 
 
