@@ -55,6 +55,9 @@ RATIOS = {
         [("tfpar HYBRID, sparse sharded (all-to-all)",
           "tfpar HYBRID, sparse sharded, rows in ranges"),
          ("tfpar HYBRID, sparse sharded (all-to-all)", "tfpar HYBRID")]),
+    "sharded_rows_auto": (
+        "density routing after sharded rows went modulo N, LM 2,048 words, 2 x 2, 100 Mbit/s",
+        [("tfpar HYBRID, density routing", "tfpar HYBRID, sparse sharded (all-to-all)")]),
     "sharded_rows_small_batch": (
         "sharded rows dealt out modulo N against rows in ranges, LM 128 words, 2 x 2, 1 Gbit/s",
         [("tfpar HYBRID, sparse sharded, no local aggregation",
