@@ -93,6 +93,9 @@ def jobs(tmp_path_factory):
                      **resume),
                   sc("sharded_from_single", SHARDED, SHARDED_MODEL,
                      restore=saved["sharded_single"], **resume),
+                  # saved with the rows modulo N (M), restored into rows in ranges (R)
+                  sc("sharded_to_ranges", dict(SHARDED, sharded_rows="ranges"), SHARDED_MODEL,
+                     restore=saved["sharded_runner"], **resume),
                   sc("ps", {"run_mode": "PS"}, restore=saved["single"], **resume),
                   sc("ar", {"run_mode": "AR"}, restore=saved["runner"], **resume),
                   sc("user_saver", restore=saved["saver"], user_saver=True,
@@ -134,22 +137,27 @@ def test_a_sharded_checkpoint_restores_into_any_route_and_back(jobs):
     """Saved by 2 workers with route "sharded" (every worker takes part: the rows are
     gathered from their owners); restored into "ps", into 4 workers on 2 hosts sharded, and
     from the single-device graph's own save into "sharded": restored values bit for bit,
-    and 3 more steps equal the uninterrupted run."""
+    and 3 more steps equal the uninterrupted run; saved with the rows dealt out modulo N,
+    restored into rows in ranges."""
     tmp, saved = jobs
     train = _load(tmp, "sharded")
     names = _names(train, "saved")
     plan = {v["name"]: v for v in json.loads(str(train["plan"]))["variables"]}
     assert plan["shared"]["route"] == plan["emb/part_0"]["route"] == "sharded"
+    assert plan["shared"]["tiling"] == "M"
     shapes = tf.compat.v1.train.NewCheckpointReader(
         saved["sharded_runner"]).get_variable_to_shape_map()
     assert shapes["shared"] == [models.SHARED_VOCAB, models.IN] and "shared/Adam" in shapes
     for name, n, route in (("sharded_to_ps", 2, "ps"), ("sharded_2x2", 4, "sharded"),
-                           ("sharded_from_single", 2, "sharded")):
+                           ("sharded_from_single", 2, "sharded"),
+                           ("sharded_to_ranges", 2, "sharded")):
         for rank in range(n):
             data = _load(tmp, name, rank)
             assert str(data["error"]) == ""
             plan = {v["name"]: v for v in json.loads(str(data["plan"]))["variables"]}
             assert plan["shared"]["route"] == route
+            if name == "sharded_to_ranges":
+                assert plan["shared"]["tiling"] == "R"
             for k in names:
                 np.testing.assert_array_equal(data[f"start/{k}"], train[f"saved/{k}"],
                                               err_msg=f"{name}: restored {k} on worker {rank}")
