@@ -2,7 +2,8 @@
 gradient equal single-device training (2 workers, and 2 hosts x 2 workers), alone and
 beside variables on the parameter servers (rtol=1e-5, atol=1e-6, 4 steps, as
 test_equivalence); the LM example on 2 local workers routes a small vocabulary (alpha
-~0.5) to allreduce and a large one (alpha ~0.003) to allgather (on slow emulated links, to
+~0.5) to allreduce (or, folded with it, to allgather) and a large one (alpha ~0.003) to
+allgather (on slow emulated links, to
 the parameter servers: test_emulated_hosts); the allgather sums each worker's rows by id
 first where the post-processing is linear in them (and not before a clip_by_value); the
 allreduced gradients ride in the allgather where asked (allreduce_by_allgather); route
@@ -198,9 +199,12 @@ def test_lm_routes_by_measured_density(tmp_path, vocab, route):
     if route == "allgather":  # few rows on one host: the protocol would cost more
         assert routes == {"allgather"}
         assert max(alphas) < 0.05 and moved["allgather"] > 0
-    else:  # most rows touched: the dense allreduce, or beside it an allgather that takes
-        # the step's allreduce in (allreduce_by_allgather: one collective a step either way)
-        assert route in routes and routes <= {"allreduce", "allgather"}, routes
+    else:  # most rows touched: the dense allreduce, or an allgather that takes the step's
+        # allreduce in (allreduce_by_allgather: one collective a step either way). Which
+        # of the two is a close call that the measured links decide (their predictions
+        # 5-10% apart on 2 local workers; either in runs of the same code), so not
+        # asserted; a second collective kind without the fold would be.
+        assert routes <= {"allreduce", "allgather"}, routes
         assert min(alphas) > 0.2
         assert (moved["allgather"] > 0) == ("allgather" in routes) \
             == summary["allreduce_by_allgather"]
