@@ -132,6 +132,9 @@ def _check_routes(ranks, scenario):
         choice = plan["routing"]["choices"][name]
         assert routes[name] == choice["route"], (name, routes[name], choice)
         assert 0 < choice["alpha"] < 0.875, choice
+        # the busiest host's share of the rows asked, measured where there are host links
+        balance = (choice["servers_balance"], choice["sharded_balance"])
+        assert min(balance) >= 1.0 if len(plan["hosts"]) > 1 else balance == (1.0, 1.0)
         if trials:
             assert choice["reason"].startswith("route trials: the fastest was"), choice
             continue

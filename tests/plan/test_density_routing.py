@@ -138,6 +138,54 @@ def test_sharded_rows_move_the_servers_bytes_and_win_on_a_cheaper_all_to_all():
     assert routing.decide((c,), 4, LINKS)["emb"].route == "ps"
 
 
+def test_each_route_is_priced_by_its_busiest_host_link():
+    """Equal bytes and equal exchanges tie to the servers; with their parts in row ranges
+    of a vocabulary sorted by frequency, one host serves 1.4x its share of the rows asked
+    (measured: tests/runtime/test_measure.py), so its link carries 1.4x the bytes, while
+    rows dealt out modulo N stay even: the sharded rows win, by the bytes' 0.4x."""
+    c = candidate(0.01)
+    links = routing.Links(latency_s=1e-3, per_byte_s=1e-8)
+    even = routing.decide((c,), 4, links)["emb"]
+    assert even.route == "ps" and (even.servers_balance, even.sharded_balance) == (1.0, 1.0)
+    skewed = dataclasses.replace(c, servers_balance=1.4, sharded_balance=1.01)
+    choice = routing.decide((skewed,), 4, links)["emb"]
+    assert choice.route == "sharded"
+    assert choice.ps_s == pytest.approx(1.4 * even.ps_s)
+    assert choice.sharded_s == pytest.approx(1.01 * even.sharded_s)
+    assert "1.40x its share of the rows on the servers, 1.01x sharded" in choice.reason
+    assert (choice.servers_balance, choice.sharded_balance) == (1.4, 1.01)
+    # and the other way round: sharded rows in ranges, the servers' parts spread
+    ranges = dataclasses.replace(c, servers_balance=1.0, sharded_balance=1.4)
+    assert routing.decide((ranges,), 4, links)["emb"].route == "ps"
+
+
+def test_the_plan_prices_the_measured_balance_of_the_rows_as_they_are_dealt_out():
+    """make_plan takes each route's measured link balance: the servers' (their parts) and
+    the sharded rows' as Config.sharded_rows deals them (its "auto" by the rows the
+    busiest worker is asked)."""
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.measurements import Measurements
+    # slow links for a small table: bytes decide, and an all-to-all costs an allreduce
+    links = routing.Links(latency_s=1e-4, per_byte_s=1e-5)
+    graph, _ = models.build(optimizer="adagrad", sparse=True)
+    analysis = tfpar.analyse(graph)
+    balance = {"emb": {"servers": 1.4, "ranges": 1.4, "modulo": 1.02}}
+    owners = {"emb": {"ranges": 30.0, "modulo": 20.0, "even": 18.0}}
+
+    def choice(**config):
+        measured = Measurements(links=links, steps=1, alphas={"emb": 0.2},
+                                link_balance=balance, owner_rows=owners)
+        plan = make_plan(analysis, tfpar.Config(sparse_route="auto", **config),
+                         parse_resources("localhost:2,127.0.0.1:2"), measured)
+        return plan.routing.choices["emb"]
+
+    auto = choice()
+    assert (auto.servers_balance, auto.sharded_balance) == (1.4, 1.02)
+    assert auto.route == "sharded"
+    assert choice(sharded_rows="ranges").sharded_balance == 1.4
+    assert choice(sharded_rows="ranges").route == "ps"  # equal bytes: the tie to the servers
+
+
 def test_sharded_rows_are_not_chosen_where_the_route_cannot_take_them():
     cheap = routing.Links(latency_s=1e-3, per_byte_s=1e-8, alltoall_latency_s=1e-4)
     blocked = dataclasses.replace(candidate(0.01), sharded_route=False)

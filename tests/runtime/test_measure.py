@@ -3,9 +3,10 @@ the rows each owner would be asked a step under either row layout (`owner_counts
 which Config.sharded_rows "auto" chooses. The measurement in a job: tests/jobs/
 test_density_routing.py."""
 import numpy as np
+import pytest
 
 from examples.lm import zipf_text
-from tfpar.runtime.measure import owner_counts
+from tfpar.runtime.measure import link_balance, owner_counts
 
 
 def test_owner_counts_follow_the_tilings():
@@ -30,3 +31,34 @@ def test_a_vocabulary_sorted_by_frequency_loads_the_first_range():
     assert ranges[0] > 0.45 * len(words), ranges
     assert modulo.max() < 0.3 * len(words), modulo
     assert ranges.max() > 1.6 * modulo.max()
+
+
+def test_link_balance_is_the_busiest_hosts_load_over_its_share():
+    # 4 owners on 2 hosts (0, 0, 1, 1); two steps
+    asked = [[3, 3, 1, 1], [2, 2, 2, 2]]
+    assert link_balance(asked, [0, 0, 1, 1], 2) == pytest.approx((6 / 4 + 1) / 2)
+    # hosts of 2 and 1 workers: the lone worker's host's share is a third
+    assert link_balance([[1, 1, 1]], [0, 0, 1], 2) == pytest.approx(1.0)
+    assert link_balance([[0, 0, 3]], [0, 0, 1], 2) == pytest.approx(3.0)
+    # the servers: one part, on the first of two hosts, serves everything (twice its half)
+    assert link_balance([[5]], [0], 2, even=True) == pytest.approx(2.0)
+    assert link_balance([[0, 0, 0, 0]], [0, 0, 1, 1], 2) == 1.0  # nothing asked
+
+
+def test_ranges_of_a_vocabulary_sorted_by_frequency_load_one_host():
+    """The LM's Zipf text on 2 hosts x 2 workers, 2,048 words a worker: in ranges (the
+    sharded rows R4, or the servers' two parts) the first host serves about 1.4x its
+    half of the rows asked; modulo 4, within a few percent of it."""
+    vocab, n, words = 200_000, 4, 2048
+    text = zipf_text(vocab, n_tokens=words * n * 2)
+    asked = {"ranges": [], "modulo": [], "servers": []}
+    for step in range(2):
+        batches = [np.unique(text[(step * n + r) * words:(step * n + r + 1) * words])
+                   for r in range(n)]
+        for way in ("ranges", "modulo"):
+            asked[way].append(sum(owner_counts(b, vocab, n, way) for b in batches))
+        asked["servers"].append(sum(owner_counts(b, vocab, 2, "ranges") for b in batches))
+    hosts = [0, 0, 1, 1]
+    assert link_balance(asked["ranges"], hosts, 2) > 1.3
+    assert link_balance(asked["servers"], [0, 1], 2, even=True) > 1.3
+    assert link_balance(asked["modulo"], hosts, 2) < 1.05

@@ -30,6 +30,10 @@ class Measurements:
     owner_rows: {sparse variable: {"ranges", "modulo": the rows a step would ask of the
     busiest worker were the variable sharded so; "even": an n-th of the rows asked}}
     (Config.sharded_rows "auto").
+    link_balance: {sparse variable: {"modulo", "ranges": how much more than its share of
+    the rows asked the busiest host serves were the rows sharded so; "servers": the same on
+    the parameter servers' parts}} (1: as even as priced; measured on several hosts only),
+    for density routing to price each route by its busiest link.
     routes, local_aggregation: what the fastest route trial ran (they win over density
     routing's choice and "auto" aggregation); route_trials: every trial, for the plan.
     """
@@ -39,6 +43,7 @@ class Measurements:
     sent_rows: Mapping[str, float] = dataclasses.field(default_factory=dict)
     duplicates: Mapping[str, float] = dataclasses.field(default_factory=dict)
     owner_rows: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    link_balance: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     steps: int = 0
     partitions: Mapping[str, int] = dataclasses.field(default_factory=dict)
     partition_search: Mapping[str, GroupDecision] = dataclasses.field(default_factory=dict)

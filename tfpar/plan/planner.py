@@ -259,7 +259,7 @@ def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: M
     if measured.links is not None and measured.steps:  # rows measured: density routing
         density = route_by_density(analysis, config, layout, dict(measured.alphas),
                                    measured.links, measured.steps, dict(measured.sent_rows),
-                                   dict(measured.duplicates))
+                                   dict(measured.duplicates), measured)
     if density is not None and measured.routes:
         density = _with_trial_routes(density, measured)
     sparse_routes = _sparse_routes(analysis, config, density, notes)
@@ -306,13 +306,17 @@ def density_candidates(analysis: GraphAnalysis, config: Config) -> List[Variable
 def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
                      alphas: Dict[str, float], links: routing.Links, steps: int,
                      sent: Optional[Dict[str, float]] = None,
-                     shared: Optional[Dict[str, float]] = None) -> routing.Routing:
+                     shared: Optional[Dict[str, float]] = None,
+                     measured: Optional[Measurements] = None) -> routing.Routing:
     """Density routing's choice for the measured candidates (and the forced routes).
     sent: {name: rows one worker's gradients carry per step} (None: no duplicate ids);
     shared: {name: rows per step the workers of a host touch in common, summed over hosts}
-    (what local aggregation spares the servers' route; None: not measured)."""
+    (what local aggregation spares the servers' route; None: not measured); measured: its
+    `link_balance` and `owner_rows` price each route by its busiest host link (None:
+    every host's link as loaded as the others)."""
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
-    candidates, aggregating = _candidates(analysis, config, layout, alphas, links, sent, shared)
+    candidates, aggregating = _candidates(analysis, config, layout, alphas, links, sent, shared,
+                                          measured)
     fold = _fold(analysis, config, layout.num_workers, links)
     ahead = _ahead(config)
     choices = routing.decide(tuple(candidates), layout.num_workers, links, dict(forced),
@@ -333,7 +337,8 @@ def route_by_density(analysis: GraphAnalysis, config: Config, layout: Layout,
 
 def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
                 alphas: Dict[str, float], links: routing.Links,
-                sent: Optional[Dict[str, float]], shared: Optional[Dict[str, float]]):
+                sent: Optional[Dict[str, float]], shared: Optional[Dict[str, float]],
+                measured: Optional[Measurements] = None):
     """(the measured variables as density routing prices them, whether the hosts would
     aggregate their pushes and row gradients). Local aggregation on the servers' and the
     sharded routes is on unless refused; its "auto" is decided with the routes (both
@@ -341,10 +346,11 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
     aggregating = (config.local_aggregation is not False and config.sync
                    and len(layout.hosts) > 1 and max(h.slots for h in layout.hosts) > 1)
     hosts = len(layout.hosts)
-    requested = config.partitions if isinstance(config.partitions, dict) else {}
     candidates = []
     for name, alpha in sorted(alphas.items()):
         v = analysis.variable(name)
+        load = measured.link_balance.get(name, {}) if measured is not None else {}
+        way = _sharded_way(name, config, measured.owner_rows if measured is not None else {})
         row_bytes = (v.nbytes or 0) // max(v.shape[0], 1)
         saving = routing.aggregation_saving_s((shared or {}).get(name, 0.0), row_bytes,
                                               len(layout.hosts), links) if aggregating else 0.0
@@ -356,9 +362,16 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
             else (sent or {}).get(name), dense_route=_dense_route_problem(v) is None,
             sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
             ps_route=_replicated_only(v) is None and _ps_problem(v) is None,
-            aggregation_s=saving, parts=min(_part_count(v, config, requested, hosts),
-                                            max(v.shape[0], 1))))
+            aggregation_s=saving, parts=ps_part_count(v, config, hosts),
+            servers_balance=load.get("servers", 1.0), sharded_balance=load.get(way, 1.0)))
     return tuple(candidates), aggregating
+
+
+def ps_part_count(v: VariableInfo, config: Config, hosts: int) -> int:
+    """The parts density routing prices sparse variable `v` in on the servers' route: as
+    Config.partitions asks, else one a host (a search's count is decided later)."""
+    requested = config.partitions if isinstance(config.partitions, dict) else {}
+    return min(_part_count(v, config, requested, hosts), max(v.shape[0] or 1, 1))
 
 
 # A set of routes the model predicts slower than CUTOFF x its best plus SLACK is not
@@ -381,7 +394,7 @@ def route_trials(analysis: GraphAnalysis, config: Config, layout: Layout,
     forced = config.sparse_route if isinstance(config.sparse_route, dict) else {}
     candidates, aggregating = _candidates(analysis, config, layout, dict(measured.alphas),
                                           links, dict(measured.sent_rows),
-                                          dict(measured.duplicates))
+                                          dict(measured.duplicates), measured)
     plain = tuple(dataclasses.replace(c, aggregation_s=0.0) for c in candidates)
     allowed = {c.name: routing.allowed_routes(c, n) for c in candidates}
 
@@ -405,7 +418,8 @@ def route_trials(analysis: GraphAnalysis, config: Config, layout: Layout,
                        f", aggregation {'on' if aggregation else 'off'}")
 
     model = route_by_density(analysis, config, layout, dict(measured.alphas), links,
-                             measured.steps, dict(measured.sent_rows), dict(measured.duplicates))
+                             measured.steps, dict(measured.sent_rows), dict(measured.duplicates),
+                             measured)
     chosen = {name: c.route for name, c in model.choices.items() if name not in forced}
     aggregation = None  # the model's, where "auto" decides it for these routes
     if variants(chosen) != [None]:
@@ -658,14 +672,23 @@ def _row_tiling(name: str, config: Config, n: int, measured: Measurements,
     with "auto", the way whose busiest worker the measured ids ask fewer rows of (modulo
     on a tie, and where nothing was measured: a vocabulary sorted by frequency would put
     its hot rows in the first range)."""
-    way = config.sharded_rows
+    way = _sharded_way(name, config, measured.owner_rows)
     asked = measured.owner_rows.get(name)
-    if way == "auto" and asked:
-        way = "ranges" if asked["ranges"] < asked["modulo"] else "modulo"
+    if config.sharded_rows == "auto" and asked:
         notes.append(f"sharded rows of {name}: {way} (measured: the busiest worker is asked "
                      f"{asked['modulo']:.0f} rows a step with modulo, {asked['ranges']:.0f} "
                      f"with ranges; an even share {asked['even']:.0f})")
     return rows_over(n, modulo=way != "ranges")
+
+
+def _sharded_way(name: str, config: Config, owner_rows) -> str:
+    """"modulo" or "ranges": how sharded variable `name`'s rows are dealt out
+    (Config.sharded_rows; for "auto", the way whose busiest worker `owner_rows`, the
+    measured rows asked, asks fewer of; modulo on a tie and where nothing was measured)."""
+    asked = owner_rows.get(name)
+    if config.sharded_rows != "auto":
+        return config.sharded_rows
+    return "ranges" if asked and asked["ranges"] < asked["modulo"] else "modulo"
 
 
 def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:

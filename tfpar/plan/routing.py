@@ -95,11 +95,12 @@ class Links:
         return max(moved, c.rows * (c.row_bytes + 4) * c.gradients * self.dense_per_byte_s)
 
     def ps_s(self, c: "Candidate", n: int, aggregation: bool = False) -> float:
-        """Predicted seconds of the parameter servers' bytes of `c` per step, less what
+        """Predicted seconds of the parameter servers' bytes of `c` per step (on the
+        busiest host's link: `Candidate.servers_balance`), less what
         local aggregation keeps off the host links (never below half the bytes' time),
         plus, with local aggregation, the forwarding of its parts
         (`AGGREGATED_PART_EXCHANGES` each)."""
-        moved = ps_bytes(c, n) * self.per_byte_s
+        moved = ps_bytes(c, n) * self.per_byte_s * c.servers_balance
         forwards = aggregation * c.parts * AGGREGATED_PART_EXCHANGES * self.latency_s
         return max(moved - c.aggregation_s, moved / 2) + forwards
 
@@ -114,10 +115,11 @@ class Links:
         return cost.allgather_bytes(dense_sum_bytes(c), n) * self.gathered_byte_s
 
     def sharded_s(self, c: "Candidate", n: int) -> float:
-        """Predicted seconds of the sharded route's bytes of `c` per step, less what
+        """Predicted seconds of the sharded route's bytes of `c` per step (on the busiest
+        host's link: `Candidate.sharded_balance`), less what
         local aggregation keeps off the host links: the shared rows' gradients, as on the
         servers' route, and their lookups (never below half the bytes' time)."""
-        moved = sharded_bytes(c, n) * self.per_byte_s
+        moved = sharded_bytes(c, n) * self.per_byte_s * c.sharded_balance
         return max(moved - 2 * c.aggregation_s, moved / 2)
 
 
@@ -150,6 +152,13 @@ class Candidate:
     # a host link (`aggregation_saving_s`; 0: no aggregation).
     aggregation_s: float = 0.0
     parts: int = 1  # its parts (row ranges) on the servers' route
+    # How much more than its share of the rows asked the busiest host serves, on the
+    # servers' route (its parts are row ranges) and on the sharded route (its rows dealt
+    # out as the plan deals them): measured, 1 where even. A vocabulary sorted by
+    # frequency puts its hot rows in the first range, so that one host's link carries
+    # them for every worker elsewhere (`measure.link_balance`).
+    servers_balance: float = 1.0
+    sharded_balance: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +175,10 @@ class RouteChoice:
     # Its dense route's seconds when the step's allreduce rides in the allgather (priced
     # where Config.allreduce_by_allgather may fold it; None: not priced).
     folded_s: Optional[float] = None
+    # The busiest host's load over its share on the servers' and the sharded routes, as
+    # priced (`Candidate.servers_balance`, `sharded_balance`; 1: even, or one host).
+    servers_balance: Optional[float] = None
+    sharded_balance: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,6 +404,9 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
                 why += (f"; {_FIXED_WHY[r]} ({1e3 * fixed[r]:.3f} ms) "
                         + ("<=" if fixed[r] <= fixed[twin] else ">")
                         + f" {_FIXED_WHY[twin]} ({1e3 * fixed[twin]:.3f} ms)")
+            if (c.servers_balance, c.sharded_balance) != (1.0, 1.0):
+                why += (f"; the busiest host serves {c.servers_balance:.2f}x its share of "
+                        f"the rows on the servers, {c.sharded_balance:.2f}x sharded")
         elif r == "allreduce" and folded:
             why = (f"most rows touched: its summed rows ({dense_sum_bytes(c):,.0f} bytes) "
                    "in the allgather with the dense gradients take less time than "
@@ -408,7 +424,8 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
         out[c.name] = RouteChoice(r, c.alpha, times[c.name]["allreduce"], t["ps"], why,
                                   t["allgather"],
                                   t["sharded"] if "sharded" in allowed[c.name] else None,
-                                  folded_times.get(c.name))
+                                  folded_times.get(c.name), c.servers_balance,
+                                  c.sharded_balance)
     return out
 
 
@@ -534,5 +551,8 @@ def describe(name: str, choice: RouteChoice) -> str:
                  + ("" if choice.sharded_s is None else
                     f" vs {1e3 * choice.sharded_s:.3f} ms sharded")
                  + ("" if choice.folded_s is None else
-                    f"; {1e3 * choice.folded_s:.3f} ms allreduce in the allgather") + ")")
+                    f"; {1e3 * choice.folded_s:.3f} ms allreduce in the allgather")
+                 + ("" if (choice.servers_balance or 1.0, choice.sharded_balance or 1.0) ==
+                    (1.0, 1.0) else f"; the busiest host {choice.servers_balance:.2f}x its "
+                    f"share on the servers, {choice.sharded_balance:.2f}x sharded") + ")")
     return f"{name}: alpha {alpha} -> {choice.route}{times}: {choice.reason}"

@@ -14,6 +14,7 @@ reduction on every rank), so every rank routes alike.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -28,7 +29,8 @@ from tfpar.plan import cost
 from tfpar.runtime import job
 from tfpar.errors import TfparError
 from tfpar.plan.measurements import Measurements
-from tfpar.plan.planner import aggregated, aggregation_measured, density_candidates
+from tfpar.plan.planner import (aggregated, aggregation_measured, density_candidates,
+                                ps_part_count)
 from tfpar.plan.routing import Links
 from tfpar.runtime.sharding import with_shard_values
 from tfpar.graph.graph_copy import copy_graph
@@ -60,45 +62,81 @@ def measure(meta, analysis, config, layout) -> Measurements:
     per_host = aggregation or (candidates and config.local_aggregation is not False
                                and config.sync and len(layout.hosts) > 1
                                and max(h.slots for h in layout.hosts) > 1)
-    alphas, duplicates, sent, owners = measure_rows(
+    # How the rows asked fall on the host links, for density routing to price each route
+    # by its busiest host (the servers' parts as density routing prices them).
+    hosts = len(layout.hosts)
+    balance = BalanceOver([layout.host_of_rank(r) for r in range(layout.num_workers)],
+                          {v.name: ps_part_count(v, config, hosts) for v in candidates}) \
+        if candidates and hosts > 1 else None
+    alphas, duplicates, sent, owners, balanced = measure_rows(
         meta, rows_of, config.density_steps, config.search_feed,
-        layout.host_of_rank if per_host else None)
+        layout.host_of_rank if per_host else None, balance)
     return Measurements(links=measure_links(), steps=config.density_steps,
                         alphas={v.name: alphas[v.name] for v in candidates}, sent_rows=sent,
-                        duplicates=duplicates, owner_rows=owners)
+                        duplicates=duplicates, owner_rows=owners, link_balance=balanced)
+
+
+@dataclasses.dataclass(frozen=True)
+class BalanceOver:
+    """What `measure_rows` needs to count how the rows asked fall on the hosts: the host
+    of each rank, and the parts each variable would take on the parameter servers (part k
+    on the server of host k % hosts, as the planner's placement deals out equal parts)."""
+
+    host_of_rank: Sequence[int]
+    parts: Dict[str, int]
 
 
 def measure_rows(meta, variables: Sequence, steps: int,
                  feed: Optional[Callable[[int], dict]] = None,
-                 host_of_rank: Optional[Callable[[int], int]] = None):
-    """(alpha, duplicates, sent, owners): {variable name: mean fraction of its rows one
-    worker's step touches (over `steps` steps and every worker)}, {variable name: rows per
-    step, summed over hosts, that a host's workers touch more than once between them} (what
-    local aggregation saves; with `host_of_rank`, else empty), {variable name: rows
-    one worker's gradients carry per step, duplicate ids included} (what an allgather
-    sends), means over workers, and {variable name: {"ranges", "modulo": the rows a step
-    asks of the busiest owner were its rows sharded so (`Tiling` R{n}, M{n}); "even":
-    an n-th of all}}, means over steps."""
+                 host_of_rank: Optional[Callable[[int], int]] = None,
+                 balance: Optional[BalanceOver] = None):
+    """(alpha, duplicates, sent, owners, balanced): {variable name: mean fraction of its
+    rows one worker's step touches (over `steps` steps and every worker)}, {variable name:
+    rows per step, summed over hosts, that a host's workers touch more than once between
+    them} (what local aggregation saves; with `host_of_rank`, else empty), {variable name:
+    rows one worker's gradients carry per step, duplicate ids included} (what an allgather
+    sends), means over workers, {variable name: {"ranges", "modulo": the rows a step asks
+    of the busiest owner were its rows sharded so (`Tiling` R{n}, M{n}); "even": an n-th
+    of all}}, means over steps, and, with `balance`, {variable name in balance.parts:
+    {"modulo", "ranges", "servers": the busiest host's rows over its even share
+    (`link_balance`) with the rows sharded so, or on the servers in balance.parts[name]
+    parts}} (else empty)."""
     hvd = job.horovod()
     n = hvd.size()
     local, carried = _local_rows(copy_graph(with_shard_values(meta, n, hvd.rank())),
                                  variables, steps, feed)
+    parts = balance.parts if balance is not None else {}
+
+    def counted(v):
+        ways = {way: [owner_counts(ids, v.shape[0], n, way).tolist() for ids in local[v.name]]
+                for way in ("ranges", "modulo")}
+        if v.name in parts:  # the servers' parts are row ranges
+            ways["servers"] = [owner_counts(ids, v.shape[0], parts[v.name], "ranges").tolist()
+                               for ids in local[v.name]]
+        return ways
+
     here = {v.name: (float(np.mean([len(ids) / v.shape[0] for ids in local[v.name]])),
-                     float(np.mean(carried[v.name])),
-                     {way: [owner_counts(ids, v.shape[0], n, way).tolist()
-                            for ids in local[v.name]] for way in ("ranges", "modulo")})
+                     float(np.mean(carried[v.name])), counted(v))
             for v in variables}
     every = [json.loads(s) for s in job.allgather_strings(json.dumps(here))]
     alpha = {v.name: float(np.mean([e[v.name][0] for e in every])) for v in variables}
     sent = {v.name: float(np.mean([e[v.name][1] for e in every])) for v in variables}
-    owners = {}
+    owners, balanced = {}, {}
     for v in variables:
-        asked = {way: np.sum([e[v.name][2][way] for e in every], axis=0)  # [steps, n]
-                 for way in ("ranges", "modulo")}
-        owners[v.name] = {way: float(np.mean(np.max(a, axis=1))) for way, a in asked.items()}
+        asked = {way: np.sum([e[v.name][2][way] for e in every], axis=0)  # [steps, owners]
+                 for way in every[0][v.name][2]}
+        owners[v.name] = {way: float(np.mean(np.max(asked[way], axis=1)))
+                          for way in ("ranges", "modulo")}
         owners[v.name]["even"] = float(np.mean(asked["modulo"].sum(axis=1))) / n
+        if v.name in parts:
+            host_of = list(balance.host_of_rank)
+            hosts = max(host_of) + 1
+            balanced[v.name] = {way: link_balance(asked[way], host_of, hosts)
+                                for way in ("ranges", "modulo")}
+            balanced[v.name]["servers"] = link_balance(
+                asked["servers"], [k % hosts for k in range(parts[v.name])], hosts, even=True)
     if host_of_rank is None:
-        return alpha, {}, sent, owners
+        return alpha, {}, sent, owners, balanced
     rows = [json.loads(s) for s in job.allgather_strings(json.dumps(local))]
     hosts: Dict[int, List[int]] = {}
     for rank in range(len(rows)):
@@ -113,7 +151,29 @@ def measure_rows(meta, variables: Sequence, steps: int,
                 total += sum(len(x) for x in sets) - len(set().union(*sets))
             per_step.append(total)
         duplicates[v.name] = float(np.mean(per_step))
-    return alpha, duplicates, sent, owners
+    return alpha, duplicates, sent, owners, balanced
+
+
+def link_balance(asked, host_of_owner: Sequence[int], hosts: int,
+                 even: bool = False) -> float:
+    """How much more than its share of the rows asked the busiest host serves, the mean
+    over steps (1: as priced): what its link carries beside the others', since each row
+    asked of a host crosses its link out (the row) and in (its gradient) for every worker
+    elsewhere. asked: [steps, owners] the rows asked of each owner (every worker's distinct
+    ids summed); host_of_owner: each owner's host. A host's share is its owners' share of
+    all owners (the sharded rows: each worker owns as many), or with `even` an equal one
+    (the servers: one a host, priced as if balanced)."""
+    asked = np.asarray(asked, np.float64)
+    owners = np.asarray(host_of_owner)
+    share = np.array([1.0 / hosts if even else np.mean(owners == h) for h in range(hosts)])
+    load = np.stack([asked[:, owners == h].sum(axis=1) for h in range(hosts)], axis=1)
+    total = load.sum(axis=1)
+    busy = (total > 0)
+    if not np.any(busy):
+        return 1.0
+    share = np.maximum(share, 1e-12)  # a host that owns nothing serves nothing
+    return float(np.mean(np.max(load[busy] / (total[busy, None] * share), axis=1)))
+
 
 
 def owner_counts(ids: Sequence[int], rows: int, n: int, way: str) -> np.ndarray:
@@ -194,7 +254,7 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
     dense_per_byte: the slope of the dense route itself (rows summed into a [rows, 64+1]
     tensor, allreduced, touched rows gathered back) against that tensor's bytes, so the
     local passes over it count too. alltoall_latency: the median tiny all-to-all (route
-    "sharded"'s exchange). allgather_per_byte: the slope of plain allgathers against the
+    "sharded"'s exchange), timed by turns with the latency's allreduces. allgather_per_byte: the slope of plain allgathers against the
     bytes each worker moves (no sum: a byte costs less than in an allreduce). Each probe
     grows 4x until it takes 10x the latency
     and at least 20 ms, so bytes, not noise, decide the slope. Rank 0's timings decide
@@ -206,8 +266,12 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
     n = hvd.size()
     tag = f"tfpar_link_probe_{_PROBES}"
     t_small = _agreed(_time(_plain_allreduce, 1, repeats, f"{tag}_small"))
-    latency = _agreed(_time(_plain_allreduce, 1, LATENCY_SAMPLES, f"{tag}_latency",
-                            statistics.median))
+    # The tiny allreduce and all-to-all by turns, in the same moments: a probe of one
+    # after the other measured the all-to-all at 13.5 ms one day and 4.3 the next, with
+    # the allreduce at 2.3 and 2.1 (2 emulated hosts x 2, 100 Mbit/s), and priced the
+    # sharded rows out of the route they won.
+    latency, t_alltoall = (_agreed(t) for t in _time_by_turns(
+        (_plain_allreduce, _plain_alltoall), 1, LATENCY_SAMPLES, f"{tag}_latency"))
     k, t_large = _grow(lambda k: _agreed(_time(_plain_allreduce, k, repeats, f"{tag}_{k}")),
                        1 << 16, t_small, 1 << 24)
     moved = cost.allreduce_bytes(4 * k, n) - cost.allreduce_bytes(4, n)
@@ -217,8 +281,6 @@ def measure_links(repeats: int = 3, max_rows: int = 1 << 17) -> Links:
                          1 << 10, t_rows, max_rows)
     dense = (rows - 8) * (_PROBE_COLUMNS + 1) * 4
     dense_per_byte = max(t_many - t_rows, 0.0) / dense
-    t_alltoall = _agreed(_time(_plain_alltoall, 1, LATENCY_SAMPLES, f"{tag}_alltoall",
-                               statistics.median))
     t_gather = _agreed(_time(_plain_allgather, 1, repeats, f"{tag}_gather_small"))
     g, t_gathered = _grow(lambda k: _agreed(_time(_plain_allgather, k, repeats,
                                                   f"{tag}_gather_{k}")),
@@ -292,6 +354,26 @@ def _time(build, size: int, repeats: int, name: str, statistic=min) -> float:
             session.run(op)
             samples.append(time.perf_counter() - start)
     return statistic(samples)
+
+
+def _time_by_turns(builds, size: int, repeats: int, name: str) -> List[float]:
+    """The median time of each of `builds`' ops, run by turns (one of each, `repeats`
+    times), so that a slow moment of the machine slows all of them alike."""
+    g = tf.Graph()
+    with g.as_default():
+        ops = [build(size, f"{name}_{k}") for k, build in enumerate(builds)]
+        init = tf.compat.v1.global_variables_initializer()
+    samples: List[List[float]] = [[] for _ in ops]
+    with tf.compat.v1.Session(graph=g, config=job.session_config()) as session:
+        session.run(init)
+        for op in ops:
+            session.run(op)  # warm up (negotiation, buffers)
+        for _ in range(repeats):
+            for op, times in zip(ops, samples):
+                start = time.perf_counter()
+                session.run(op)
+                times.append(time.perf_counter() - start)
+    return [statistics.median(times) for times in samples]
 
 
 def _agreed(seconds: float) -> float:
