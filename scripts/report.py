@@ -58,6 +58,11 @@ RATIOS = {
     "sharded_rows_auto": (
         "density routing after sharded rows went modulo N, LM 2,048 words, 2 x 2, 100 Mbit/s",
         [("tfpar HYBRID, density routing", "tfpar HYBRID, sparse sharded (all-to-all)")]),
+    "balance_priced": (
+        "density routing with each route priced on its busiest host link, LM 2,048 words, "
+        "2 x 2, 100 Mbit/s (and 1 Gbit/s below it in the report)",
+        [("tfpar HYBRID, density routing", "tfpar HYBRID, sparse sharded (all-to-all)"),
+         ("tfpar HYBRID, density routing", "tfpar HYBRID")]),
     "sharded_rows_small_batch": (
         "sharded rows dealt out modulo N against rows in ranges, LM 128 words, 2 x 2, 1 Gbit/s",
         [("tfpar HYBRID, sparse sharded, no local aggregation",

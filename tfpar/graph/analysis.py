@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar.graph import row_reads
+from tfpar.graph.op_index import OpsByPrefix
 from tfpar.errors import Blocker, NotYetSupportedError, TfparError, raise_blockers
 from tfpar.plan.graph_facts import (DEFAULT_GRADIENT_SCOPE, Gradient, GraphAnalysis,  # noqa: F401
                                     PartitionInfo, Update, VariableInfo)
@@ -248,6 +249,7 @@ class _Analyser:
     def __init__(self, graph: tf.Graph, gradient_scope: str):
         self.graph = graph
         self.ops = graph.get_operations()
+        self.by_prefix = OpsByPrefix(graph)
         scope_re = re.compile(gradient_scope)
         self.region: Set[tf.Operation] = {op for op in self.ops if scope_re.search(op.name)}
         with graph.as_default():  # Variable.to_proto needs graph mode
@@ -663,7 +665,7 @@ class _Analyser:
             scope = _update_scope(op.name, var_op.name)
             key = scope or op.name
             if key not in groups:
-                groups[key] = ([o for o in self.ops if o.name.startswith(scope)] if scope else [op])
+                groups[key] = self.by_prefix.with_prefix(scope) if scope else [op]
         updates = []
         for key, ops in groups.items():
             scope = key if key.endswith("/") else ""

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from tfpar.graph.analysis import FUNCTIONAL, WRITES, reachable
+from tfpar.graph.op_index import OpsByPrefix
 from tfpar.graph.row_reads import is_restore
 from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
@@ -194,7 +195,9 @@ class _Rewriter:
             return [op for j in range(len(v.gradients)) for op in self._update_ops(v, j)]
         g = v.gradients[i]
         if g.scope:
-            return [op for op in self.g.get_operations() if op.name.startswith(g.scope)]
+            if not hasattr(self, "_ops_by_prefix"):
+                self._ops_by_prefix = OpsByPrefix(self.g)
+            return self._ops_by_prefix.with_prefix(g.scope)
         return [self.g.get_operation_by_name(n) for n in g.ops]
 
     # -- forward -------------------------------------------------------------------------------

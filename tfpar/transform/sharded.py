@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError
 from tfpar.graph.naming import safe_name
+from tfpar.graph.op_index import OpsByPrefix
 from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops, upstream
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, packed, surgery
@@ -147,9 +148,10 @@ class _Sharded:
 
     def _update_ops(self) -> List[List[tf.Operation]]:
         out = []
+        index = OpsByPrefix(self.g)
         for g in self.v.gradients:
             if g.scope:
-                out.append([op for op in self.g.get_operations() if op.name.startswith(g.scope)])
+                out.append(index.with_prefix(g.scope))
             else:
                 out.append([self.g.get_operation_by_name(n) for n in g.ops])
         return out
