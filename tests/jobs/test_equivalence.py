@@ -1,6 +1,7 @@
 """Data-parallel training with N real processes equals single-device training.
 
-Every scenario runs under `horovodrun -np N` (one launch per N runs them all); each worker
+Every scenario runs under `horovodrun -np N` (one launch per N runs them all, with the
+other modules' scenarios of that shape: `tests.support.launch.job_results`); each worker
 starts from different random values, so the runner's broadcast must make them equal. After
 K steps every variable (optimizer slots and global step included) on every worker must
 equal a single-device run on the concatenated batch that started from worker 0's values.
@@ -110,7 +111,8 @@ SCENARIOS_3 = [
                                         "clip": 0.05}),
 ]
 
-results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2 + SHARDED_2)
+results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2 + SHARDED_2,
+                       before_servers=True)  # test_sharded_starts_no_server
 
 # 3 workers as two hosts of 2 and 1 (two names of this machine, as in
 # test_parameter_server): the sharded rows' local aggregation on hosts of unequal size.

@@ -57,13 +57,37 @@ def run_worker(n, worker, spec, out_dir, timeout=300):
     return out_dir
 
 
-def job_results(name, folder, n, scenarios, hosts=None):
-    """A module-scoped fixture `name`: the scenarios run once as one job of n workers."""
+# The equivalence worker's scenarios of every collected module, by job shape (n, hosts):
+# they run as one job per shape, each module's into its own folder. A launch costs 4-5 s
+# on 2 workers and about 9 s on 2 hosts x 2 (TensorFlow's import in every process and the
+# servers' processes); a scenario 1-2.5 s.
+_SHARED: dict = {}  # (n, hosts) -> [(folder, scenarios)]
+_RAN: dict = {}  # (n, hosts) -> the shared job's folder
+
+
+def job_results(name, folder, n, scenarios, hosts=None, before_servers=False):
+    """A module-scoped fixture `name`: the folder of the scenarios' results (each
+    <folder>/<scenario>/rank<r>.npz). The scenarios of every collected module with the same
+    n and hosts run once, together, as one job of n workers (each module's folder apart).
+    before_servers: these run first, before another module's scenarios start parameter
+    servers (which live as long as the job's processes), so they can check what listens."""
     import pytest
+
+    shape = (n, hosts)
+    entry = (folder, scenarios)
+    if before_servers:
+        _SHARED.setdefault(shape, []).insert(0, entry)
+    else:
+        _SHARED.setdefault(shape, []).append(entry)
 
     @pytest.fixture(scope="module", name=name)
     def results(tmp_path_factory):
-        return run_scenarios(tmp_path_factory.mktemp(folder), n, scenarios, hosts=hosts)
+        if shape not in _RAN:
+            base = tmp_path_factory.mktemp(f"job{n}")
+            union = [{**sc, "name": os.path.join(f, sc["name"])}
+                     for f, scs in _SHARED[shape] for sc in scs]
+            _RAN[shape] = run_scenarios(base, n, union, hosts=hosts)
+        return os.path.join(str(_RAN[shape]), folder)
     return results
 
 
