@@ -109,12 +109,28 @@ CASES = [  # (name, workers, hosts, tf1, config)
 ]
 
 
+@pytest.fixture(scope="module")
+def lstm_jobs(tmp_path_factory):
+    """The folder of a case's results: the cases of one shape (workers, hosts, TF1 or 2)
+    run as one job, when the first of them is asked for."""
+    ran = {}
+
+    def folder(case):
+        _, n, hosts, tf1, _ = case
+        shape = (n, hosts, tf1)
+        if shape not in ran:
+            ran[shape] = str(tmp_path_factory.mktemp("lstm"))
+            _run(ran[shape], n, [{"name": c[0], "config": c[4], "steps": STEPS, "batch": BATCH}
+                                 for c in CASES if (c[1], c[2], c[3]) == shape],
+                 tf1=tf1, hosts=hosts)
+        return ran[shape]
+    return folder
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_lstm_language_model_equals_single_device(tmp_path, case):
+def test_lstm_language_model_equals_single_device(lstm_jobs, case):
     name, n, hosts, tf1, config = case
-    _run(str(tmp_path), n, [{"name": name, "config": config, "steps": STEPS, "batch": BATCH}],
-         tf1=tf1, hosts=hosts)
-    plan = _check(str(tmp_path), name, n, tf1, config.get("sparse_route", "ps"))
+    plan = _check(lstm_jobs(case), name, n, tf1, config.get("sparse_route", "ps"))
     kernel = [v for k, v in plan.items() if k.startswith("rnn/") and k.endswith("kernel")][0]
     assert kernel["route"] == ("ps" if config.get("run_mode") == "PS" else "allreduce")
 
