@@ -63,6 +63,11 @@ RATIOS = {
         "2 x 2, 100 Mbit/s (and 1 Gbit/s below it in the report)",
         [("tfpar HYBRID, density routing", "tfpar HYBRID, sparse sharded (all-to-all)"),
          ("tfpar HYBRID, density routing", "tfpar HYBRID")]),
+    "balance_priced_small_batch": (
+        "density routing with each route priced on its busiest host link, LM 128 words, "
+        "2 x 2, 1 Gbit/s",
+        [("tfpar HYBRID, density routing", "tfpar HYBRID, sparse by allgather"),
+         ("tfpar HYBRID, density routing", "tfpar HYBRID, sparse sharded (all-to-all)")]),
     "sharded_rows_small_batch": (
         "sharded rows dealt out modulo N against rows in ranges, LM 128 words, 2 x 2, 1 Gbit/s",
         [("tfpar HYBRID, sparse sharded, no local aggregation",
