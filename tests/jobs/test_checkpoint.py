@@ -63,9 +63,10 @@ def jobs(tmp_path_factory):
     ckpt = os.path.join(tmp, "ckpt", "model")
     os.makedirs(os.path.dirname(ckpt))
     # (A background save too: training goes on while it is written.)
-    _job(tmp, 2, [sc("train", save=ckpt, user_saver=True),
-                  sc("background", save=os.path.join(tmp, "background", "model"),
-                     background=True),
+    # (Saved from parts on the servers dealt out modulo 2.)
+    _job(tmp, 2, [sc("train", {"partitions": 2}, save=ckpt, user_saver=True),
+                  sc("background", {"partitions": 2},
+                     save=os.path.join(tmp, "background", "model"), background=True),
                   sc("sharded", SHARDED, SHARDED_MODEL,
                      save=os.path.join(tmp, "sharded", "ckpt", "model"))])
     saved = {}
@@ -85,7 +86,9 @@ def jobs(tmp_path_factory):
                 saver.restore(sess, prefix)
                 saved[name] = saver.save(sess, os.path.join(tmp, name, "model"), global_step=3)
     _job(tmp, 4, [sc("hybrid_2x2", {"partitions": 3}, restore=saved["runner"], **resume),
-                  sc("hybrid_2x2_from_folder", restore=os.path.dirname(ckpt), **resume),
+                  # restored into row ranges
+                  sc("hybrid_2x2_from_folder", {"ps_rows": "ranges"},
+                     restore=os.path.dirname(ckpt), **resume),
                   sc("sharded_2x2", SHARDED, SHARDED_MODEL, restore=saved["sharded_runner"],
                      **resume)],
          hosts=TWO_HOSTS)
@@ -129,6 +132,12 @@ def test_restored_runs_equal_the_saved_values_and_resume_exactly(jobs):
                                            atol=ATOL, err_msg=f"{name}: {k} on worker {rank}")
     plan = {v["name"]: v for v in json.loads(str(_load(tmp, "hybrid_2x2")["plan"]))["variables"]}
     assert len(plan["shared"]["parts"]) == 3  # another partition count than the saver's
+    assert [p["step"] for p in plan["shared"]["parts"]] == [3, 3, 3]  # modulo
+    plan = {v["name"]: v for v in json.loads(str(_load(tmp, "train")["plan"]))["variables"]}
+    assert [p["step"] for p in plan["shared"]["parts"]] == [2, 2]
+    plan = {v["name"]: v for v in
+            json.loads(str(_load(tmp, "hybrid_2x2_from_folder")["plan"]))["variables"]}
+    assert [p["step"] for p in plan["shared"]["parts"]] == [1, 1]  # ranges
     moved = [k for k in names if not np.allclose(train["saved/" + k], train["final/" + k])]
     assert "shared" in moved and "emb/part_0" in moved and "w1/Adam" in moved
 

@@ -8,8 +8,8 @@ its own host name, local ranks and, in tfpar, its own parameter server. Local ag
 therefore really combines two workers per host before the push.
 
 The model has a partitioned embedding (the user's own partitioner: 1, 2 or 3 pieces of 23
-rows), a second embedding read by two lookups, and dense layers; ids repeat within and
-across workers. Tolerance as in test_equivalence: rtol=1e-5, atol=1e-6 after 4 steps.
+rows), a second embedding read by two lookups (in parts dealt out modulo, or row ranges
+where a scenario's name says so), and dense layers; ids repeat within and across workers. Tolerance as in test_equivalence: rtol=1e-5, atol=1e-6 after 4 steps.
 """
 import json
 import os
@@ -36,7 +36,7 @@ SCENARIOS_2 = [
     sc("hybrid_sgd_p1", "sgd", 1),
     sc("hybrid_adagrad_p2", "adagrad", 2),
     sc("hybrid_adam_p3", "adam", 3, {"partitions": {"shared": 2}}),
-    sc("hybrid_momentum_p2", "momentum", 2, {"partitions": 3}),
+    sc("hybrid_momentum_p2_ranges", "momentum", 2, {"partitions": 3, "ps_rows": "ranges"}),
     sc("ps_sgd_p2", "sgd", 2, {"run_mode": "PS"}),
     sc("ps_adagrad_p3", "adagrad", 3, {"run_mode": "PS"}),
     sc("ps_adam_p1", "adam", 1, {"run_mode": "PS"}),
@@ -46,7 +46,7 @@ SCENARIOS_4 = [
     sc("hybrid_adam_p2", "adam", 2, {"partitions": {"shared": 3}}),
     sc("hybrid_adagrad_p1_no_local_aggregation", "adagrad", 1, {"local_aggregation": False}),
     sc("ps_adagrad_p3", "adagrad", 3, {"run_mode": "PS"}),
-    sc("ps_adam_p2", "adam", 2, {"run_mode": "PS"}),
+    sc("ps_adam_p2_ranges", "adam", 2, {"run_mode": "PS", "ps_rows": "ranges"}),
     sc("ps_sgd_p1_no_local_aggregation", "sgd", 1,
        {"run_mode": "PS", "local_aggregation": False}),
 ]
@@ -80,9 +80,13 @@ def check_routes(ranks, scenario):
     if isinstance(shared_parts, dict):
         shared_parts = shared_parts["shared"]
     expected = shared_parts or len(json.loads(str(ranks[0]["plan"]))["hosts"])
-    rows = [(q["start"], q["stop"]) for q in plan["shared"]["parts"]]
-    assert len(rows) == expected and rows[0][0] == 0 and rows[-1][1] == models.SHARED_VOCAB
-    assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+    rows = [(q["start"], q["stop"], q["step"]) for q in plan["shared"]["parts"]]
+    assert len(rows) == expected
+    if expected > 1 and scenario["config"].get("ps_rows") != "ranges":  # modulo
+        assert rows == [(k, models.SHARED_VOCAB, expected) for k in range(expected)]
+    else:  # row ranges, one after the other
+        assert rows[0][0] == 0 and rows[-1][1] == models.SHARED_VOCAB
+        assert all(a[1] == b[0] and a[2] == 1 for a, b in zip(rows, rows[1:]))
     assert plan["w1"]["route"] == ("ps" if mode == "PS" else "allreduce")
     slots = [v for v in plan.values() if v["slot_of"] == "shared"]
     assert all(s["parts"] == plan["shared"]["parts"] for s in slots)

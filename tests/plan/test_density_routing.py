@@ -169,7 +169,7 @@ def test_the_plan_prices_the_measured_balance_of_the_rows_as_they_are_dealt_out(
     links = routing.Links(latency_s=1e-4, per_byte_s=1e-5)
     graph, _ = models.build(optimizer="adagrad", sparse=True)
     analysis = tfpar.analyse(graph)
-    balance = {"emb": {"servers": 1.4, "ranges": 1.4, "modulo": 1.02}}
+    balance = {"emb": {"servers": 1.4, "servers_modulo": 1.2, "ranges": 1.4, "modulo": 1.02}}
     owners = {"emb": {"ranges": 30.0, "modulo": 20.0, "even": 18.0}}
 
     def choice(**config):
@@ -180,10 +180,53 @@ def test_the_plan_prices_the_measured_balance_of_the_rows_as_they_are_dealt_out(
         return plan.routing.choices["emb"]
 
     auto = choice()
-    assert (auto.servers_balance, auto.sharded_balance) == (1.4, 1.02)
+    assert (auto.servers_balance, auto.sharded_balance) == (1.2, 1.02)
     assert auto.route == "sharded"
     assert choice(sharded_rows="ranges").sharded_balance == 1.4
-    assert choice(sharded_rows="ranges").route == "ps"  # equal bytes: the tie to the servers
+    assert choice(sharded_rows="ranges").route == "ps"
+    assert choice(ps_rows="ranges").servers_balance == 1.4
+    # equal bytes and balance: the tie to the servers
+    assert choice(ps_rows="ranges", sharded_rows="ranges").route == "ps"
+
+
+def test_the_servers_parts_deal_rows_out_as_measured_or_asked():
+    """Config.ps_rows: "auto" takes the layout whose busiest host the job measured less
+    loaded (modulo where nothing was measured); the plan shows the parts and says why."""
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.measurements import Measurements
+    from tfpar.plan import Plan
+    graph, _ = models.build(optimizer="adagrad", sparse=True)
+    analysis = tfpar.analyse(graph)
+    rows = analysis.variable("emb").shape[0]
+    two_hosts = parse_resources("localhost:2,127.0.0.1:2")
+
+    def parts(balance=None, **config):
+        measured = Measurements(link_balance=balance or {})
+        plan = make_plan(analysis, tfpar.Config(run_mode="HYBRID", **config), two_hosts,
+                         measured)
+        assert Plan.from_dict(plan.to_dict()) == plan
+        return plan, plan.variable("emb").parts
+
+    plan, dealt = parts()  # nothing measured: modulo
+    assert [(p.start, p.stop, p.step) for p in dealt] == [(0, rows, 2), (1, rows, 2)]
+    assert sorted(p.ps_task for p in dealt) == [0, 1]
+    assert "0::2@" in plan.table() and "1::2@" in plan.table()
+    assert sum(p.num_rows() for p in dealt) == rows
+    _, ranged = parts(ps_rows="ranges")
+    half = (rows + 1) // 2
+    assert [(p.start, p.stop, p.step) for p in ranged] == [(0, half, 1), (half, rows, 1)]
+    plan, measured = parts({"emb": {"servers": 1.1, "servers_modulo": 1.3}})
+    assert [p.step for p in measured] == [1, 1]
+    assert any("servers' rows of emb: ranges (measured" in n for n in plan.notes)
+    plan, measured = parts({"emb": {"servers": 1.4, "servers_modulo": 1.0}})
+    assert [p.step for p in measured] == [2, 2]
+    assert any("servers' rows of emb: modulo (measured" in n for n in plan.notes)
+    _, forced = parts({"emb": {"servers": 1.4, "servers_modulo": 1.0}}, ps_rows="ranges")
+    assert [p.step for p in forced] == [1, 1]
+    _, three = parts(partitions=3)
+    assert [(p.start, p.step) for p in three] == [(0, 3), (1, 3), (2, 3)]
+    with pytest.raises(tfpar.TfparError, match="ps_rows"):
+        tfpar.Config(ps_rows="mod")
 
 
 def test_sharded_rows_are_not_chosen_where_the_route_cannot_take_them():

@@ -48,17 +48,20 @@ def test_link_balance_is_the_busiest_hosts_load_over_its_share():
 def test_ranges_of_a_vocabulary_sorted_by_frequency_load_one_host():
     """The LM's Zipf text on 2 hosts x 2 workers, 2,048 words a worker: in ranges (the
     sharded rows R4, or the servers' two parts) the first host serves about 1.4x its
-    half of the rows asked; modulo 4, within a few percent of it."""
+    half of the rows asked; modulo (4 workers, or 2 parts), within a few percent of it."""
     vocab, n, words = 200_000, 4, 2048
     text = zipf_text(vocab, n_tokens=words * n * 2)
-    asked = {"ranges": [], "modulo": [], "servers": []}
+    asked = {"ranges": [], "modulo": [], "servers": [], "servers_modulo": []}
     for step in range(2):
         batches = [np.unique(text[(step * n + r) * words:(step * n + r + 1) * words])
                    for r in range(n)]
         for way in ("ranges", "modulo"):
             asked[way].append(sum(owner_counts(b, vocab, n, way) for b in batches))
         asked["servers"].append(sum(owner_counts(b, vocab, 2, "ranges") for b in batches))
+        asked["servers_modulo"].append(sum(owner_counts(b, vocab, 2, "modulo")
+                                           for b in batches))
     hosts = [0, 0, 1, 1]
     assert link_balance(asked["ranges"], hosts, 2) > 1.3
     assert link_balance(asked["servers"], [0, 1], 2, even=True) > 1.3
     assert link_balance(asked["modulo"], hosts, 2) < 1.05
+    assert link_balance(asked["servers_modulo"], [0, 1], 2, even=True) < 1.05

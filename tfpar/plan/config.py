@@ -24,10 +24,17 @@ class Config:
       session_config: a `tf.compat.v1.ConfigProto` for the worker sessions.
       gradient_scope: regular expression matching the name scopes that `tf.gradients`
         created (default: `gradients`, `gradients_1`, ... at any depth).
-      partitions: how many parts (row ranges) each sparse variable on the parameter servers
-        is split into: an int for all, or {variable name: int}. Default: the number of PS
-        tasks (one per host). Pieces of a variable the user already partitioned (a
+      partitions: how many parts each sparse variable on the parameter servers is split
+        into: an int for all, or {variable name: int}. Default: the number of PS tasks
+        (one per host). Pieces of a variable the user already partitioned (a
         `partitioner=` of a variable scope) are kept as they are.
+      ps_rows: which part on the parameter servers holds which rows: "modulo" (row i in
+        part i % P, TensorFlow's `partition_strategy="mod"`: a vocabulary sorted by
+        frequency spreads its hot rows over every host's server), "ranges" (part k a k-th
+        of the rows in one range, as `fixed_size_partitioner` cuts them), or "auto" (the
+        default: where the job measures the ids (sparse_route "auto"), the one whose
+        busiest host serves fewer rows a step, else "modulo"). The plan shows the parts:
+        `0::2@0 1::2@1` (modulo), `0:50@0 50:100@1` (ranges).
       local_aggregation: in HYBRID and PS modes, sum the gradients of the workers of a host
         on that host's PS first, so each PS part receives one push per host per step; for
         route "sharded", de-duplicate a host's lookups and sum its row gradients by id on
@@ -180,6 +187,7 @@ class Config:
     sparse_route: Union[str, Dict[str, str]] = "ps"
     density_steps: int = 3
     sharded_rows: str = "auto"
+    ps_rows: str = "auto"
     sync: bool = True
     tiling: Union[None, str, Dict[str, str], "object"] = None
     tiling_min_bytes: int = 1 << 20
@@ -303,6 +311,9 @@ class Config:
             if getattr(self, name) != "auto" and not isinstance(getattr(self, name), bool):
                 raise TfparError(f"Config.{name} must be True, False or 'auto', got "
                                  f"{getattr(self, name)!r}")
+        if self.ps_rows not in ("auto", "modulo", "ranges"):
+            raise TfparError(f"Config.ps_rows must be 'auto', 'modulo' or 'ranges', got "
+                             f"{self.ps_rows!r}")
         if self.sharded_rows not in ("auto", "modulo", "ranges"):
             raise TfparError(f"Config.sharded_rows must be 'auto', 'modulo' or 'ranges', got "
                              f"{self.sharded_rows!r}")

@@ -31,9 +31,10 @@ class Measurements:
     busiest worker were the variable sharded so; "even": an n-th of the rows asked}}
     (Config.sharded_rows "auto").
     link_balance: {sparse variable: {"modulo", "ranges": how much more than its share of
-    the rows asked the busiest host serves were the rows sharded so; "servers": the same on
-    the parameter servers' parts}} (1: as even as priced; measured on several hosts only),
-    for density routing to price each route by its busiest link.
+    the rows asked the busiest host serves were the rows sharded so; "servers",
+    "servers_modulo": the same on the parameter servers' parts in row ranges, dealt out
+    modulo}} (1: as even as priced; measured on several hosts only), for density routing
+    to price each route by its busiest link and for Config.ps_rows "auto".
     routes, local_aggregation: what the fastest route trial ran (they win over density
     routing's choice and "auto" aggregation); route_trials: every trial, for the plan.
     """

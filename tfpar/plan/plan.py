@@ -42,7 +42,9 @@ class GradientPlan:
 
 @dataclasses.dataclass(frozen=True)
 class PartPlan:
-    """One part of a variable on a parameter server: rows [start, stop) on PS task `ps_task`.
+    """One part of a variable on a parameter server: rows start, start + step, ... below
+    stop, on PS task `ps_task`. A row range has step 1; parts dealt out modulo P (row i in
+    part i % P, TensorFlow's `partition_strategy="mod"`) have start k and step P.
 
     stop is None for a variable kept whole (a scalar, or a dense variable in PS mode).
     """
@@ -50,6 +52,14 @@ class PartPlan:
     ps_task: int
     start: int = 0
     stop: Optional[int] = None
+    step: int = 1
+
+    def rows(self) -> Optional[slice]:
+        """The rows it holds, as a slice of the whole variable (None: all of them)."""
+        return None if self.stop is None else slice(self.start, self.stop, self.step)
+
+    def num_rows(self) -> Optional[int]:
+        return None if self.stop is None else len(range(self.start, self.stop, self.step))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,13 +336,13 @@ def _part_bytes(v: VariablePlan, p: PartPlan) -> int:
         return 0
     if p.stop is None or not v.shape or not v.shape[0]:
         return v.nbytes
-    return v.nbytes * (p.stop - p.start) // v.shape[0]
+    return v.nbytes * p.num_rows() // v.shape[0]
 
 
 def _fmt_parts(parts) -> str:
     if not parts:
         return "-"
-    return " ".join(f"all@{p.ps_task}" if p.stop is None else f"{p.start}:{p.stop}@{p.ps_task}"
+    return " ".join(f"all@{p.ps_task}" if p.stop is None else f"{_slice_text(p.rows())}@{p.ps_task}"
                     for p in parts)
 
 

@@ -41,7 +41,8 @@ def make_plan(analysis: GraphAnalysis, config: Config, layout: Layout,
     notes: List[str] = []
     mode, on_ps, sparse_routes, density = _routes(analysis, config, layout, measured, notes)
     blockers: List[Blocker] = list(analysis.blockers)
-    parts = _parts(analysis, config, measured.partitions, on_ps, len(layout.hosts), notes)
+    parts = _parts(analysis, config, measured.partitions, on_ps, len(layout.hosts), notes,
+                   measured.link_balance)
     variables = []
     rows = {name: _row_tiling(name, config, n, measured, notes)
             for name in sorted(sparse_routes) if sparse_routes[name] == "sharded"}
@@ -363,7 +364,9 @@ def _candidates(analysis: GraphAnalysis, config: Config, layout: Layout,
             sharded_route=_sharded_problem(v, config, layout.num_workers) is None,
             ps_route=_replicated_only(v) is None and _ps_problem(v) is None,
             aggregation_s=saving, parts=ps_part_count(v, config, hosts),
-            servers_balance=load.get("servers", 1.0), sharded_balance=load.get(way, 1.0)))
+            servers_balance=load.get("servers" if _ps_way(name, config, {name: load})
+                                     == "ranges" else "servers_modulo", 1.0),
+            sharded_balance=load.get(way, 1.0)))
     return tuple(candidates), aggregating
 
 
@@ -792,16 +795,17 @@ def _part_count(v: VariableInfo, config: Config, requested: Dict[str, int],
 
 
 def _parts(analysis: GraphAnalysis, config: Config, searched: Dict[str, int], on_ps,
-           num_ps: int, notes: List[str]) -> Dict[str, Tuple[PartPlan, ...]]:
-    """Row ranges of every PS variable, placed on PS tasks by bytes (largest first).
-    searched: the counts the job decided for the partitioner's groups."""
+           num_ps: int, notes: List[str], balance=None) -> Dict[str, Tuple[PartPlan, ...]]:
+    """The parts of every PS variable (row ranges, or rows dealt out modulo: `_ps_way`),
+    placed on PS tasks by bytes (largest first). searched: the counts the job decided for
+    the partitioner's groups; balance: Measurements.link_balance."""
     requested = dict(config.partitions) if isinstance(config.partitions, dict) else {}
     unknown = sorted(set(requested) - {v.name for v in analysis.variables})
     if unknown:
         raise TfparError(f"Config.partitions names {', '.join(unknown)}, which the graph does "
                          "not have; give variable names as in tfpar.analyse(graph).table()")
     requested.update(searched)
-    ranges: Dict[str, List[Tuple[int, Optional[int]]]] = {}
+    ranges: Dict[str, List[Tuple[int, Optional[int], int]]] = {}  # (start, stop, step)
     weights: Dict[str, int] = {}
     for v in analysis.trained:
         if v.name not in on_ps:
@@ -812,7 +816,7 @@ def _parts(analysis: GraphAnalysis, config: Config, searched: Dict[str, int], on
         slots = [analysis.variable(s) for s in v.slots]
         weights[v.name] = (v.nbytes or 0) + sum(s.nbytes or 0 for s in slots)
         if v.kind == "dense" or not v.shape:
-            ranges[v.name] = [(0, None)]
+            ranges[v.name] = [(0, None, 1)]
             continue
         rows = v.shape[0]
         if rows is None:
@@ -822,18 +826,32 @@ def _parts(analysis: GraphAnalysis, config: Config, searched: Dict[str, int], on
         if count > rows:
             raise TfparError(f"cannot split variable {v.name!r} into {count} parts: it has only "
                              f"{rows} rows; use tfpar.Config(partitions=...) of at most {rows}")
+        way = _ps_way(v.name, config, balance or {}) if count > 1 else "ranges"
+        if way == "modulo":
+            ranges[v.name] = [(k, rows, count) for k in range(count)]
+            if config.ps_rows == "auto" and (balance or {}).get(v.name):
+                b = balance[v.name]
+                notes.append(f"servers' rows of {v.name}: modulo (measured: the busiest host "
+                             f"serves {b.get('servers_modulo', 1.0):.2f}x its share with "
+                             f"modulo, {b.get('servers', 1.0):.2f}x with ranges)")
+            continue
         # Row ranges as tf.compat.v1.fixed_size_partitioner cuts them: the first ones larger.
         base, extra = divmod(rows, count)
         bounds = [0]
         for k in range(count):
             bounds.append(bounds[-1] + base + (1 if k < extra else 0))
-        ranges[v.name] = list(zip(bounds[:-1], bounds[1:]))
+        ranges[v.name] = [(a, b, 1) for a, b in zip(bounds[:-1], bounds[1:])]
+        if count > 1 and config.ps_rows == "auto" and (balance or {}).get(v.name):
+            b = balance[v.name]
+            notes.append(f"servers' rows of {v.name}: ranges (measured: the busiest host "
+                         f"serves {b.get('servers', 1.0):.2f}x its share with ranges, "
+                         f"{b.get('servers_modulo', 1.0):.2f}x with modulo)")
     # Greedy longest-processing-time placement: the heaviest part goes to the lightest task.
     pieces = []
     for name, rs in ranges.items():
         rows = analysis.variable(name).shape[0] if analysis.variable(name).shape else None
-        for k, (start, stop) in enumerate(rs):
-            share = 1.0 if stop is None or not rows else (stop - start) / rows
+        for k, (start, stop, step) in enumerate(rs):
+            share = 1.0 if stop is None or not rows else len(range(start, stop, step)) / rows
             pieces.append((weights[name] * share, name, k))
     load = [0.0] * max(num_ps, 1)
     task_of: Dict[Tuple[str, int], int] = {}
@@ -843,8 +861,22 @@ def _parts(analysis: GraphAnalysis, config: Config, searched: Dict[str, int], on
         load[t] += w
     if ranges:
         notes.append(f"parameter servers: {num_ps} (one per host)")
-    return {name: tuple(PartPlan(task_of[(name, k)], start, stop)
-                        for k, (start, stop) in enumerate(rs)) for name, rs in ranges.items()}
+    return {name: tuple(PartPlan(task_of[(name, k)], start, stop, step)
+                        for k, (start, stop, step) in enumerate(rs))
+            for name, rs in ranges.items()}
+
+
+def _ps_way(name: str, config: Config, balance) -> str:
+    """"modulo" or "ranges": how the rows of PS variable `name` are dealt out to its parts
+    (Config.ps_rows; for "auto", the way whose busiest host `balance`, the measured
+    Measurements.link_balance, loads less; modulo on a tie and where nothing was
+    measured)."""
+    if config.ps_rows != "auto":
+        return config.ps_rows
+    b = balance.get(name) or {}
+    ranged, dealt = b.get("servers"), b.get("servers_modulo")
+    return "ranges" if ranged is not None and dealt is not None and ranged < dealt \
+        else "modulo"
 
 
 def _itemsize(dtype: str) -> int:

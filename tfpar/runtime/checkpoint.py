@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar.errors import TfparError
+from tfpar.transform.parameter_server import piece_of, whole_of
 
 log = logging.getLogger("tfpar")
 
@@ -83,7 +84,7 @@ class SaveOps:
     other variables on the chief.
 
     reads: {variable name: its value in the rewritten graph}, for every entry not `fed`;
-    parts: {variable name: [(part variable, start row, stop row or None)]} (PS variables);
+    parts: {variable name: [(part variable, its PartPlan)]} (PS variables);
     fed: the entries given as numpy values to `write` (variables split over the workers,
     gathered by a collective); chief: the chief's CPU (where its copies are made);
     writer: the CPU that runs SaveV2, on the chief's host: in a PS job the parameter server
@@ -94,7 +95,7 @@ class SaveOps:
     _made = itertools.count()  # (runners of one process must not share the chief's copies)
 
     def __init__(self, graph: tf.Graph, entries: Sequence[Entry], reads: Dict[str, tf.Tensor],
-                 parts: Dict[str, List[Tuple[tf.Variable, int, Optional[int]]]],
+                 parts: Dict[str, list],
                  fed: Sequence[str], chief: str, writer: str):
         self.entries = tuple(entries)
         self._graph, self._reads, self._parts = graph, reads, parts
@@ -150,7 +151,7 @@ class SaveOps:
                     continue
                 if e.name in self._parts:
                     held = []
-                    for var, _, _ in self._parts[e.name]:
+                    for var, _ in self._parts[e.name]:
                         # Named after the part (its name holds the rewrite's generation):
                         # the servers' resources are shared by every runner of the job.
                         with tf.device(var.device), \
@@ -159,7 +160,7 @@ class SaveOps:
                         assigns.append(assign)
                         held.append(copy)
                     with tf.device(self._writer):
-                        self._copies[e.name] = held[0] if len(held) == 1 else tf.concat(held, 0)
+                        self._copies[e.name] = whole_of(held, [p for _, p in self._parts[e.name]])
                 else:
                     with tf.device(self._chief), \
                             tf.compat.v1.name_scope(self._scope + e.name + "/"):
@@ -368,7 +369,7 @@ class Assigner:
     every worker runs (`tiled`)."""
 
     def __init__(self, graph: tf.Graph, local: Dict[str, tf.Variable],
-                 parts: Dict[str, List[Tuple[tf.Variable, int, Optional[int]]]],
+                 parts: Dict[str, list],
                  tiles: Optional[Dict[str, Tuple[object, tf.Variable]]] = None):
         self._graph, self._local, self._parts = graph, local, parts
         self._tiles = dict(tiles or {})
@@ -396,10 +397,9 @@ class Assigner:
                 return ph, tf.compat.v1.assign(var, tile_of(ph)).op
             if e.name in self._parts:
                 assigns = []
-                for var, start, stop in self._parts[e.name]:
+                for var, part in self._parts[e.name]:
                     with tf.device(var.device):
-                        value = ph if stop is None else ph[start:stop]
-                        assigns.append(tf.compat.v1.assign(var, value).op)
+                        assigns.append(tf.compat.v1.assign(var, piece_of(ph, part)).op)
                 return ph, tf.group(*assigns)
             if e.name not in self._local:
                 raise TfparError(f"variable {e.name!r} is not in the graph tfpar runs")

@@ -98,9 +98,9 @@ def measure_rows(meta, variables: Sequence, steps: int,
     sends), means over workers, {variable name: {"ranges", "modulo": the rows a step asks
     of the busiest owner were its rows sharded so (`Tiling` R{n}, M{n}); "even": an n-th
     of all}}, means over steps, and, with `balance`, {variable name in balance.parts:
-    {"modulo", "ranges", "servers": the busiest host's rows over its even share
-    (`link_balance`) with the rows sharded so, or on the servers in balance.parts[name]
-    parts}} (else empty)."""
+    {"modulo", "ranges", "servers", "servers_modulo": the busiest host's rows over its
+    even share (`link_balance`) with the rows sharded so, or on the servers in
+    balance.parts[name] parts, in ranges or dealt out modulo}} (else empty)."""
     hvd = job.horovod()
     n = hvd.size()
     local, carried = _local_rows(copy_graph(with_shard_values(meta, n, hvd.rank())),
@@ -110,9 +110,12 @@ def measure_rows(meta, variables: Sequence, steps: int,
     def counted(v):
         ways = {way: [owner_counts(ids, v.shape[0], n, way).tolist() for ids in local[v.name]]
                 for way in ("ranges", "modulo")}
-        if v.name in parts:  # the servers' parts are row ranges
+        if v.name in parts:  # the servers' parts, in row ranges and dealt out modulo
             ways["servers"] = [owner_counts(ids, v.shape[0], parts[v.name], "ranges").tolist()
                                for ids in local[v.name]]
+            ways["servers_modulo"] = [
+                owner_counts(ids, v.shape[0], parts[v.name], "modulo").tolist()
+                for ids in local[v.name]]
         return ways
 
     here = {v.name: (float(np.mean([len(ids) / v.shape[0] for ids in local[v.name]])),
@@ -133,8 +136,9 @@ def measure_rows(meta, variables: Sequence, steps: int,
             hosts = max(host_of) + 1
             balanced[v.name] = {way: link_balance(asked[way], host_of, hosts)
                                 for way in ("ranges", "modulo")}
-            balanced[v.name]["servers"] = link_balance(
-                asked["servers"], [k % hosts for k in range(parts[v.name])], hosts, even=True)
+            for way in ("servers", "servers_modulo"):
+                balanced[v.name][way] = link_balance(
+                    asked[way], [k % hosts for k in range(parts[v.name])], hosts, even=True)
     if host_of_rank is None:
         return alpha, {}, sent, owners, balanced
     rows = [json.loads(s) for s in job.allgather_strings(json.dumps(local))]

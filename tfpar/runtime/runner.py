@@ -31,7 +31,7 @@ from tfpar.runtime.sharding import with_shard_values
 from tfpar.transform import stages, surgery
 from tfpar.graph.graph_copy import copy_graph, to_meta_graph
 from tfpar.graph.naming import safe_name
-from tfpar.transform.parameter_server import ps_device, worker_device
+from tfpar.transform.parameter_server import piece_of, ps_device, whole_of, worker_device
 from tfpar.transform.rewrite import rewrite
 from tfpar.transform.collectives import tile_of, whole
 from tfpar.transform.late_ops import LateOps
@@ -999,8 +999,8 @@ class Runner(surgery.session_base()):
                 self._collective |= {op.name for op in self._graph.get_operations()
                                      if op.type.startswith("Horovod")}
                 return value
-            parts = [var.read_value() for var, _, _ in self._ps.parts[var_name]]
-            return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+            held = self._ps.parts[var_name]
+            return whole_of([var.read_value() for var, _ in held], [p for _, p in held])
 
     def _write_after(self, var_name: str, value: tf.Tensor, after: Sequence[tf.Operation],
                      op_name: str) -> tf.Operation:
@@ -1015,10 +1015,9 @@ class Runner(surgery.session_base()):
                 tf.compat.v1.name_scope(f"tfpar/write_after/{self._late_reads}/"):
             if var_name not in self._tiles:
                 writes = []
-                for var, start, stop in self._ps.parts[var_name]:
-                    piece = value if stop is None else value[start:stop]
+                for var, part in self._ps.parts[var_name]:
                     with tf.device(var.device):
-                        writes.append(_assign(var, piece))
+                        writes.append(_assign(var, piece_of(value, part)))
                 return tf.group(*writes)
             v = self._plan.variable(var_name)
             scope = f"tfpar/write_after/{self._late_reads}/{safe_name(var_name)}"

@@ -70,8 +70,24 @@ class PsRewrite:
     # updates' users now wait for
     steps: Dict[int, tf.Operation]
     release: tf.Operation  # frees this rewrite's variables on the PS (after a search trial)
-    # variable name -> [(part variable, start row, stop row or None)] (for checkpoints)
+    # variable name -> [(part variable, its PartPlan)] (for checkpoints, late reads)
     parts: Dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+def whole_of(values: List[tf.Tensor], parts: List[PartPlan]) -> tf.Tensor:
+    """A variable's whole value from its parts' `values`: row ranges one after the other;
+    rows dealt out modulo put back in their order."""
+    if len(values) == 1:
+        return values[0]
+    if all(p.step == 1 for p in parts):
+        return tf.concat(values, 0)
+    return tf.dynamic_stitch([tf.range(p.start, p.stop, p.step) for p in parts], values)
+
+
+def piece_of(value: tf.Tensor, part: PartPlan) -> tf.Tensor:
+    """Part `part`'s rows of a whole value."""
+    rows = part.rows()
+    return value if rows is None else value[rows]
 
 
 def apply_parameter_server(graph: tf.Graph, plan: Plan, rank: int, traffic: Traffic,
@@ -151,7 +167,7 @@ class _Rewriter:
                     frees.append(tf.raw_ops.DestroyResourceOp(resource=var.handle,
                                                               ignore_lookup_error=True))
             release = tf.group(*frees, name="tfpar/ps/release")
-        parts = {v.name: [(var, p.start, p.stop) for var, p in zip(self.parts[v.name], v.parts)]
+        parts = {v.name: list(zip(self.parts[v.name], v.parts))
                  for v in self.ps_vars + [s for ss in self.slots.values() for s in ss]}
         return PsRewrite(self.reads, self.replaced, self.pushes, init, done, release, parts)
 
@@ -165,7 +181,7 @@ class _Rewriter:
         parts = []
         for k, part in enumerate(v.parts):
             with tf.device(self.worker):
-                value = init_value if part.stop is None else init_value[part.start:part.stop]
+                value = piece_of(init_value, part)
             # A reference variable's parts are reference variables: its update ops (Apply*,
             # Scatter*, Assign*) are copied onto them as they are.
             with tf.device(ps_device(part.ps_task)):
@@ -187,7 +203,7 @@ class _Rewriter:
         for var, part in zip(self.parts[v.name], v.parts):
             with tf.device(ps_device(part.ps_task)):
                 values.append(var.read_value())
-        return values[0] if len(values) == 1 else tf.concat(values, 0)
+        return whole_of(values, list(v.parts))
 
     def _update_ops(self, v: VariablePlan, i: int = None) -> List[tf.Operation]:
         """The ops of update `i` of `v` (all its updates when i is None)."""
@@ -320,10 +336,11 @@ class _Rewriter:
         writes = []
         scope = f"tfpar/{scope_name(v.name)}/{op.type}/"
         for var, part in zip(self.parts[v.name], v.parts):
-            lo, hi = (0, v.shape[0]) if part.stop is None else (part.start, part.stop)
+            lo, hi, step = (0, v.shape[0], 1) if part.stop is None else \
+                (part.start, part.stop, part.step)
             with tf.device(self.worker), tf.control_dependencies(op.control_inputs), \
                     tf.compat.v1.name_scope(scope):
-                ids, rows = partial_writes.rows_in(op, v.shape[0], lo, hi)
+                ids, rows = partial_writes.rows_in(op, v.shape[0], lo, hi, (), step)
             with tf.device(ps_device(part.ps_task)), tf.compat.v1.name_scope(scope):
                 writes.append(partial_writes.scatter(op, var, ids, rows))
         with tf.device(self.worker):
@@ -348,7 +365,7 @@ class _Rewriter:
         for var, part in zip(self.parts[v.name], v.parts):
             with tf.device(self.worker), tf.compat.v1.name_scope(
                     f"tfpar/{scope_name(v.name)}/assign/"):
-                piece = value if part.stop is None else value[part.start:part.stop]
+                piece = piece_of(value, part)
             with tf.device(ps_device(part.ps_task)):
                 if self._resource(v):
                     assigns.append(tf.raw_ops.AssignVariableOp(resource=var.handle, value=piece))
@@ -360,7 +377,7 @@ class _Rewriter:
             done = tf.group(*assigns, name=f"tfpar/{scope_name(v.name)}/assign/done")
         if news:  # a reference variable's Assign returns the new value
             with tf.device(self.worker):
-                whole = news[0] if len(news) == 1 else tf.concat(news, 0)
+                whole = whole_of(news, list(v.parts))
             self._replace(op.outputs[0], whole)
         self._after_write(op, done)
 
@@ -450,10 +467,16 @@ class _Rewriter:
         if len(parts) == 1:
             local = ids if not parts[0].start else ids - parts[0].start
             return [(local, values)], None
-        bounds = tf.constant([p.start for p in parts[1:]], dtype=ids.dtype)
-        starts = tf.constant([p.start for p in parts], dtype=ids.dtype)
-        which = tf.reduce_sum(tf.cast(ids[:, None] >= bounds[None, :], tf.int32), axis=1)
-        local = tf.dynamic_partition(ids - tf.gather(starts, which), which, len(parts))
+        if parts[0].step > 1:  # dealt out modulo: part k holds rows k, k + P, ...
+            count = len(parts)
+            assert all((p.start, p.step) == (k, count) for k, p in enumerate(parts)), parts
+            which = tf.cast(ids % count, tf.int32)
+            local = tf.dynamic_partition(ids // count, which, count)
+        else:
+            bounds = tf.constant([p.start for p in parts[1:]], dtype=ids.dtype)
+            starts = tf.constant([p.start for p in parts], dtype=ids.dtype)
+            which = tf.reduce_sum(tf.cast(ids[:, None] >= bounds[None, :], tf.int32), axis=1)
+            local = tf.dynamic_partition(ids - tf.gather(starts, which), which, len(parts))
         vals = (tf.dynamic_partition(values, which, len(parts)) if values is not None
                 else [None] * len(parts))
         positions = tf.dynamic_partition(tf.range(tf.size(ids)), which, len(parts))
@@ -870,7 +893,7 @@ def sum_by_id(indices: tf.Tensor, values: tf.Tensor):
 def _part_shape(v: VariablePlan, part: PartPlan) -> List[int]:
     if part.stop is None:
         return list(v.shape)
-    return [part.stop - part.start] + list(v.shape[1:])
+    return [part.num_rows()] + list(v.shape[1:])
 
 
 def _accumulator(v: VariablePlan, shape, device: str, shared_name: str, sparse: bool):

@@ -56,6 +56,10 @@ def test_the_marked_variables_are_split_as_decided():
 
     g = _graph(body)
     plan = make_plan(analyse(g), tfpar.Config(partitions={"emb": 3}), parse_resources("h:2"))
+    assert [(p.start, p.stop, p.step) for p in plan.variable("emb").parts] == [
+        (0, 30, 3), (1, 30, 3), (2, 30, 3)]
+    plan = make_plan(analyse(g), tfpar.Config(partitions={"emb": 3}, ps_rows="ranges"),
+                     parse_resources("h:2"))
     assert [(p.start, p.stop) for p in plan.variable("emb").parts] == [(0, 10), (10, 20),
                                                                        (20, 30)]
 
