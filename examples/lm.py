@@ -171,6 +171,10 @@ def main():
                    help="with --sparse-route sharded: row i on worker i %% N (modulo), or "
                    "each worker a range of rows; auto (the default): as the job measures "
                    "the ids where it measures them, else modulo (tfpar.Config(sharded_rows))")
+    p.add_argument("--ps-rows", choices=("auto", "modulo", "ranges"), default="auto",
+                   help="the parameter servers' parts: row i in part i %% P (modulo), or "
+                   "each part a range of rows; auto (the default): as the job measures "
+                   "the ids where it measures them, else modulo (tfpar.Config(ps_rows))")
     p.add_argument("--search-routes", nargs="?", const="on", choices=("on", "force"),
                    help="with --sparse-route auto: time the most promising sets of routes "
                    "in the job and keep the fastest (tfpar.Config(search_routes=True); "
@@ -203,7 +207,7 @@ def main():
                               args.local_aggregation or ("off" if args.no_local_aggregation
                                                          else "on")],
                           sparse_route=args.sparse_route, sync=not args.asynchronous,
-                          sharded_rows=args.sharded_rows,
+                          sharded_rows=args.sharded_rows, ps_rows=args.ps_rows,
                           search_routes={None: False, "on": True, "force": "force"}[
                               args.search_routes],
                           session_config=session_config(args.threads),

@@ -45,7 +45,7 @@ from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_trials", "HYBRID_allreduce",
            "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct",
-           "HYBRID_sharded_ahead", "HYBRID_sharded_ranges", "HYBRID_sharded_direct_ranges",
+           "HYBRID_sharded_ahead", "HYBRID_sharded_ranges", "HYBRID_ps_ranges", "HYBRID_sharded_direct_ranges",
            "HYBRID_async",
            "HYBRID_direct", "AR", "AR_folded", "AR_frozen", "PS", "PS_measured", "PS_async", "PS_direct",
            "horovod", "horovod_sparse_as_dense", "tf_ps")
@@ -63,6 +63,7 @@ LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_sharded_ahead": "tfpar HYBRID, sparse sharded, no local aggregation, ids "
                                   "a step ahead",
           "HYBRID_sharded_ranges": "tfpar HYBRID, sparse sharded, rows in ranges",
+          "HYBRID_ps_ranges": "tfpar HYBRID, the servers' parts in row ranges",
           "HYBRID_sharded_direct_ranges": "tfpar HYBRID, sparse sharded, no local "
                                           "aggregation, rows in ranges",
           "HYBRID_async": "tfpar HYBRID async", "PS_async": "tfpar PS async",
@@ -137,7 +138,7 @@ def model_bytes(system, vocab, n, hosts, rows):
     per_worker_push = rows["emb_w"] * (emb_row + IDX) + rows["soft_w"] * (soft_row + IDX)
     if system == "floor":
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
-    elif system == "HYBRID":
+    elif system in ("HYBRID", "HYBRID_ps_ranges"):
         total = ring_allreduce(dense) + ps(sparse_unique_pull, sparse_host_push)
     elif system == "HYBRID_allreduce":
         total = ring_allreduce(dense + sparse_dense_rows)
@@ -209,6 +210,7 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm", partitions=N
                    "sharded_ahead": ["--sparse-route", "sharded", "--no-local-aggregation",
                                      "--ids-ahead"],
                    "sharded_ranges": ["--sparse-route", "sharded", "--sharded-rows", "ranges"],
+                   "ps_ranges": ["--sparse-route", "ps", "--ps-rows", "ranges"],
                    "sharded_direct_ranges": ["--sparse-route", "sharded",
                                              "--no-local-aggregation", "--sharded-rows",
                                              "ranges"],
@@ -432,7 +434,8 @@ def _mb(b):
 
 # (column, route, system): every sparse variable on one route, local aggregation as the
 # system sets it.
-FIXED_ROUTES = (("ps", "ps", "HYBRID"), ("ps, no aggregation", "ps", "HYBRID_direct"),
+FIXED_ROUTES = (("ps", "ps", "HYBRID"), ("ps, row ranges", "ps", "HYBRID_ps_ranges"),
+                ("ps, no aggregation", "ps", "HYBRID_direct"),
                 ("allreduce", "allreduce", "HYBRID_allreduce"),
                 ("allgather", "allgather", "HYBRID_allgather"),
                 ("sharded", "sharded", "HYBRID_sharded"),
