@@ -68,6 +68,11 @@ RATIOS = {
         "2 x 2, 1 Gbit/s",
         [("tfpar HYBRID, density routing", "tfpar HYBRID, sparse by allgather"),
          ("tfpar HYBRID, density routing", "tfpar HYBRID, sparse sharded (all-to-all)")]),
+    "ps_rows_modulo": (
+        "the servers' parts dealt out modulo against row ranges (Config.ps_rows), LM 2,048 "
+        "words, 2 x 2, 100 Mbit/s (and 1 Gbit/s below it in the report)",
+        [("tfpar HYBRID", "tfpar HYBRID, the servers' parts in row ranges"),
+         ("tfpar HYBRID, density routing", "tfpar HYBRID")]),
     "sharded_rows_small_batch": (
         "sharded rows dealt out modulo N against rows in ranges, LM 128 words, 2 x 2, 1 Gbit/s",
         [("tfpar HYBRID, sparse sharded, no local aggregation",
