@@ -110,7 +110,9 @@ def wait_for_arrival(call: int, timeout: float) -> None:
     _http(base + f"/{rank}", b"here")
     missing = [r for r in range(size) if r != rank]
     deadline = time.monotonic() + timeout
-    pause = 0.005  # the others are usually a moment behind: look again soon, then less often
+    # The others are usually a moment behind: look again soon, then less often (a look is
+    # one HTTP request; a longer pause would keep every runner's start waiting past them).
+    pause = 0.005
     while missing:
         missing = [r for r in missing if _http(base + f"/{r}") is None]
         if not missing:
@@ -122,7 +124,7 @@ def wait_for_arrival(call: int, timeout: float) -> None:
                 f"{timeout:g} s (tfpar.Config(liveness_timeout={timeout:g})): every worker "
                 "must call tfpar.get_runner, the same number of times")
         time.sleep(pause)
-        pause = min(2 * pause, 0.1)
+        pause = min(2 * pause, 0.02)
 
 
 def _http(url: str, put: Optional[bytes] = None) -> Optional[bytes]:
