@@ -89,7 +89,12 @@ if ! have "horovod==$HVD_VERSION" || ! gloo_ok; then
   "$PY" -m pip install -q --no-cache-dir "$WHEELS"/horovod-*.whl
 fi
 
-"$PY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" >/dev/null
+# tfpar itself, editable; not again when this checkout's is in place (a reinstall while
+# other processes start would briefly leave them without it).
+if [ "$(cd / && "$PY" -c 'import importlib.util as u; s = u.find_spec("tfpar"); print(s.origin if s else "")' 2>/dev/null)" \
+     != "$ROOT/tfpar/__init__.py" ]; then
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" >/dev/null
+fi
 if [ "$installed_horovod" = 1 ] && ! gloo_ok; then
   # Read the whole report before matching: `| grep -q` closes the pipe at the first match,
   # horovodrun dies of the broken pipe, and pipefail turns that into a failure.

@@ -7,7 +7,32 @@ import pytest
 JOBS = os.path.dirname(os.path.abspath(__file__))
 
 
+# Modules whose tests build an emulated cluster: one address range, so one at a time.
+EMULATED = {"tests.jobs.test_emulated_hosts", "tests.jobs.test_recovery"}
+# The heaviest first, so that two workers (scripts/test.sh: -n 2 --dist loadgroup) end
+# together: seconds of each module's jobs on a fresh clone (2026-11-28).
+COST = {"shared jobs": 230, "emulated cluster": 260, "tests.jobs.test_field_scripts": 170,
+        "tests.jobs.test_real_scripts": 160, "tests.jobs.test_tiled_rewrite": 130,
+        "tests.jobs.test_readme_commands": 105}
+
+
 def pytest_collection_modifyitems(config, items):
+    """Marks this folder's tests `job` and groups them for pytest-xdist's loadgroup: a
+    module's tests stay in one worker (its module-scoped jobs run once), the modules
+    whose scenarios run as one shared job (tests/support/launch.job_results) together,
+    and those that build an emulated cluster together. Heaviest groups first."""
+    from tests.support.launch import SHARED_JOB_MODULES
+    group = {}
     for item in items:
-        if str(item.fspath).startswith(JOBS + os.sep):
-            item.add_marker(pytest.mark.job)
+        if not str(item.fspath).startswith(JOBS + os.sep):
+            continue
+        item.add_marker(pytest.mark.job)
+        module = item.module.__name__
+        group[item] = ("shared jobs" if module in SHARED_JOB_MODULES else
+                       "emulated cluster" if module in EMULATED else module)
+        item.add_marker(pytest.mark.xdist_group(group[item]))
+    jobs = [i for i in items if i in group]
+    # stable: a module's tests keep their order (shared jobs' order included)
+    jobs.sort(key=lambda i: -COST.get(group[i], 0))
+    rest = iter(jobs)
+    items[:] = [next(rest) if i in group else i for i in items]

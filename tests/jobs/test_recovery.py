@@ -25,10 +25,11 @@ WORKER = os.path.join(WORKERS, "recover.py")
 RTOL, ATOL = 1e-5, 1e-6
 
 
-def tfpar_run(*args, timeout=420, cluster=None):
+def tfpar_run(*args, timeout=420, cluster=None, env=None):
     """`tfpar run args...` here, or on the first host of an emulated `cluster` as a user
-    logged in there would type it."""
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    logged in there would type it (`env`: variables added to the environment)."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               **(env or {}))
     cmd = [sys.executable, "-m", "tfpar.cli", "run", *args]
     if cluster is not None:
         cmd = cluster.command(cmd)
@@ -156,6 +157,10 @@ def test_chaos_on_two_emulated_hosts(tmp_path):
     kills = [{"step": s, "role": r, "marker": str(tmp_path / f"fault{i}")}
              for i, (s, r) in enumerate(zip(steps, rng.sample(["chief", "worker", "ps"], 3)))]
     print(f"chaos seed {seed}: {[(k['step'], k['role']) for k in kills]}")
+    # The jobs' temporary files go to a folder of their own (Horovod passes TMPDIR on to
+    # every process, over ssh too), so other tests running meanwhile cannot blur the check.
+    private = tmp_path / "tmp"
+    private.mkdir()
     temporary = set(os.listdir(tempfile.gettempdir()))
     with EmulatedCluster(hosts=2, rate="1gbit", name="tfpc") as cluster:
         def job(name, *extra):
@@ -164,7 +169,7 @@ def test_chaos_on_two_emulated_hosts(tmp_path):
                              "-H", cluster.hosts_arg(2), "--", sys.executable, WORKER,
                              str(tmp_path / name), out, "--dataset", "--steps",
                              str(CHAOS_STEPS), "--every", str(CHAOS_EVERY), *extra,
-                             cluster=cluster, timeout=600)
+                             cluster=cluster, timeout=600, env={"TMPDIR": str(private)})
             assert proc.returncode == 0, f"seed {seed}, {kills}:\n{proc.stdout[-8000:]}"
             return proc, np.load(out)
 
@@ -188,6 +193,8 @@ def test_chaos_on_two_emulated_hosts(tmp_path):
     assert int(got["workers"]) == 4
     assert_same_model(got, expected, steps=CHAOS_STEPS)
     assert processes_running(WORKER) == []
-    assert set(os.listdir(tempfile.gettempdir())) - temporary == set()
+    assert os.listdir(private) == []
+    assert {e for e in set(os.listdir(tempfile.gettempdir())) - temporary
+            if "tfpar" in e or "horovod" in e} == set()
     ckpt = os.listdir(tmp_path / "chaos")
     assert not [f for f in ckpt if "tmp" in f or "temp" in f], ckpt  # no partial write

@@ -63,6 +63,7 @@ def run_worker(n, worker, spec, out_dir, timeout=300):
 # servers' processes); a scenario 1-2.5 s.
 _SHARED: dict = {}  # (n, hosts) -> [(folder, scenarios)]
 _RAN: dict = {}  # (n, hosts) -> the shared job's folder
+SHARED_JOB_MODULES: set = set()  # the modules whose scenarios run in those jobs
 
 
 def job_results(name, folder, n, scenarios, hosts=None, before_servers=False):
@@ -72,7 +73,9 @@ def job_results(name, folder, n, scenarios, hosts=None, before_servers=False):
     before_servers: these run first, before another module's scenarios start parameter
     servers (which live as long as the job's processes), so they can check what listens."""
     import pytest
+    import sys
 
+    SHARED_JOB_MODULES.add(sys._getframe(1).f_globals["__name__"])
     shape = (n, hosts)
     entry = (folder, scenarios)
     if before_servers:
