@@ -59,6 +59,11 @@ class Reinitialiser:
         ones are broadcast."""
         replicated = [n for n in names if n in self._replicated]
         others = [self._entries[n] for n in names if n not in self._replicated]
+        if others and self._size > 1:
+            # Every worker is here, so every read it ran before its own initialiser run
+            # (of the values trained so far) is done: only now may the chief overwrite the
+            # parts they read. (Without this, a slower worker could read the new values.)
+            job.allgather_strings("reinitialising")
         if others:
             if self._rank == 0:
                 values = self._session.run([self._copy_read(e.name) for e in others])

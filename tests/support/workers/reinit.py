@@ -11,6 +11,7 @@ more steps (`final/`).
 """
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -49,6 +50,8 @@ def main(out):
                 record.update({f"{prefix}/{n}": v for n, v in zip(names, runner.run(variables))})
 
             runner.run(train, feed)
+            if rank == 1:  # slower than the chief, whose re-initialisation must wait for it
+                time.sleep(1.0)
             keep("trained")
             runner.run(init)
             keep("init")
