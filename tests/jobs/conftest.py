@@ -16,6 +16,9 @@ COST = {"shared jobs": 230, "emulated cluster": 260, "tests.jobs.test_field_scri
         "tests.jobs.test_readme_commands": 105}
 
 
+# First: pytest-xdist's own hook copies the groups into the tests' ids, and runs before a
+# conftest loaded at start-up (`pytest tests/jobs/test_x.py`), which would be too late.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Marks this folder's tests `job` and groups them for pytest-xdist's loadgroup: a
     module's tests stay in one worker (its module-scoped jobs run once), the modules

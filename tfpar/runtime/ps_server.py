@@ -1,8 +1,8 @@
 """A parameter-server process: `python -m tfpar.runtime.ps_server` (started by tfpar).
 
-It imports TensorFlow, then reads its spec, one line of JSON on stdin:
-{"cluster": {"worker": [...], "ps": [...]}, "task": i} (an empty line or EOF: not needed
-after all, it exits). It serves job `ps`, task i, until it is told to stop or its parent
+It loads TensorFlow's server (`surgery.server_only`: not TensorFlow's API), then reads
+its spec, one line of JSON on stdin: {"cluster": {"worker": [...], "ps": [...]}, "task":
+i} (an empty line or EOF: not needed after all, it exits). It serves job `ps`, task i, until it is told to stop or its parent
 (the host's first worker) dies, and answers its parent's heartbeats (PING on stdin, PONG
 on stdout). Reading the spec after the import lets the parent start it before the job's
 ports are known (`PsProcess`), so the import overlaps the graph's rewrite.
@@ -28,19 +28,17 @@ def main():
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before prctl took effect
         sys.exit(1)
-    # A server needs no Keras, which TensorFlow's import loads eagerly where it can (Keras 3
-    # with matplotlib, or Keras 2): 0.2-0.6 s of this start, which the whole job waits for.
-    sys.modules.update(keras=None, tf_keras=None)
-    import tensorflow as tf
+    from tfpar.transform import surgery
+    server_class, cluster_spec, config_proto = surgery.server_only()
 
     line = sys.stdin.readline()
     if not line.strip():
         sys.exit(0)
     spec = json.loads(line)
 
-    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps"])
-    server = tf.distribute.Server(tf.train.ClusterSpec(spec["cluster"]), job_name="ps",
-                                  task_index=spec["task"], config=config, start=True)
+    config = config_proto(device_filters=["/job:ps"])
+    server = server_class(cluster_spec(spec["cluster"]), job_name="ps",
+                          task_index=spec["task"], config=config, start=True)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     # Heartbeats: the parent writes PING lines and expects PONG back, so a PS that stops
     # responding (stopped, swapping, cut off) is noticed; EOF means the parent is gone.

@@ -1,15 +1,46 @@
-"""The only place tfpar touches private TensorFlow graph APIs.
+"""The only place tfpar touches private TensorFlow APIs.
 
 Rewrites need to rewire existing ops and change constants in place, which TensorFlow's
-public API cannot do. Keeping every private call here means a TensorFlow upgrade breaks
-one small module, and its tests say so.
+public API cannot do; a parameter server's process needs TensorFlow's server alone
+(`server_only`). Keeping every private call here means a TensorFlow upgrade breaks one
+small module, and its tests say so.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterable, List
+import importlib.util
+import sys
+import types
+from typing import Callable, Dict, Iterable, List, Tuple
 
-import tensorflow as tf
+
+class _TensorFlow:
+    """`tensorflow`, imported on first use: `server_only` must run before it is."""
+
+    def __getattr__(self, name):
+        import tensorflow
+        return getattr(tensorflow, name)
+
+
+tf = _TensorFlow()
+
+
+def server_only() -> Tuple[type, type, type]:
+    """TensorFlow's gRPC server: (`tf.distribute.Server`, `tf.train.ClusterSpec`,
+    `tf.compat.v1.ConfigProto`), loaded without TensorFlow's API (its package's
+    `__init__` imports every API module and Keras: 2.5 s of a core against 0.4 s for the
+    server's modules, which every parameter server's start paid). The server and every
+    kernel are the same C++ library's. Only for a process that needs nothing else: in one
+    that has not imported `tensorflow`, the package is registered without its API, which
+    it then never gets."""
+    if "tensorflow" not in sys.modules:
+        spec = importlib.util.find_spec("tensorflow")
+        package = types.ModuleType("tensorflow")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["tensorflow"] = package
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.training import server_lib
+    return server_lib.Server, server_lib.ClusterSpec, config_pb2.ConfigProto
 
 
 def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Iterable[tf.Operation] = ()) -> int:
