@@ -10,13 +10,13 @@ cd "$ROOT"
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 status=0
 # The unit tests run in two processes (pytest-xdist). The jobs too, a module at a time in
-# each (tests/jobs/conftest.py groups them, heaviest first): a job's processes take both cores when they
+# each (tests/jobs/conftest.py groups them): a job's processes take both cores when they
 # compute, but every job also waits (start-up, rendezvous, timeouts, shaped links), about
 # 15% of the suite's time, which the other process's jobs fill.
 for selection in "not job" "job"; do
   echo "== tests: -m '$selection'"
   parallel=(-n 2)
-  [ "$selection" = "job" ] && parallel=(-n 2 --dist loadgroup --no-loadscope-reorder)
+  [ "$selection" = "job" ] && parallel=(-n 2 --dist loadgroup)
   "$ROOT/.venv/bin/python" -m pytest tests -m "$selection" "${parallel[@]}" -v -rA \
       --timeout=900 --durations=20 "$@" || {
     rc=$?
