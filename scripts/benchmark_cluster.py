@@ -278,11 +278,22 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, mod
     return summary
 
 
+def recommender_dense_bytes(items, n, hosts):
+    """Bytes one host link carries a step when every recommender table is allreduced whole
+    (its embedding and its linear weight per row, and a count per row): a ring's share."""
+    from examples.recommender import FEATURES
+    floats = sum((vocab or items) * (width + 2) for vocab, width, _ in FEATURES.values())
+    return 2.0 * floats * 4 * (n - 1) / n if hosts > 1 else 0.0
+
+
 def plan_steps(system, vocab, batch, n, hosts, rate, rows, steps, warmup):
     """Fewer steps for a system whose analytic bytes make a step take many seconds."""
-    if rows is None:  # no analytic model (the recommender)
-        return steps, warmup
-    seconds = model_bytes(system, vocab, n, hosts, rows) * n / max(hosts, 1) * 8 / rate
+    if rows is None:  # the recommender: only its dense route is priced (every table whole)
+        if system != "HYBRID_allreduce":
+            return steps, warmup
+        seconds = recommender_dense_bytes(vocab, n, hosts) * 8 / rate
+    else:
+        seconds = model_bytes(system, vocab, n, hosts, rows) * n / max(hosts, 1) * 8 / rate
     if seconds * (steps - warmup) <= 60:
         return steps, warmup
     timed = 2 * max(2, int(30 / max(seconds, 1e-3)))  # a multiple of the log interval, 2

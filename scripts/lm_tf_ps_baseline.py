@@ -48,6 +48,18 @@ def _allgather(text):
     return [bytes(r).decode().strip() for r in rows]
 
 
+def start_ps(spec, task):
+    """A bare TensorFlow server for task `task` of job "ps" in cluster `spec`, in a process
+    of its own; its spec is the first line on its stdin, as tfpar sends it (tfpar starts it
+    before the ports are known), and the pipe stays open: its end tells the server that
+    this worker is gone."""
+    proc = subprocess.Popen([sys.executable, "-m", "tfpar.runtime.ps_server"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    proc.stdin.write((json.dumps({"cluster": spec, "task": task}) + "\n").encode())
+    proc.stdin.flush()
+    return proc
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=60)
@@ -71,9 +83,7 @@ def main():
     ps_proc = None
     if ps_port:
         task = spec["ps"].index(members[rank]["ps"])
-        ps_proc = subprocess.Popen([sys.executable, "-m", "tfpar.runtime.ps_server",
-                                    json.dumps({"cluster": spec, "task": task})],
-                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        ps_proc = start_ps(spec, task)
     cluster = tf.train.ClusterSpec(spec)
     config = lm.session_config(args.threads)
     config.device_filters.extend(["/job:ps", f"/job:worker/task:{rank}"])

@@ -65,3 +65,56 @@ def test_frozen_tables_train_only_the_dense_layers():
         assert all(changed[name] for name in changed if name not in frozen), changed
         with graph.as_default():
             assert not frozen & {v.op.name for v in tf1.trainable_variables()}
+
+
+def test_the_routes_sweep_names_the_fastest_fixed_route_and_judges_auto():
+    from scripts import benchmark_routes
+
+    def row(system, ms, routes=None):
+        return {"rate": "1gbit", "system": system, "step_time_s": ms / 1e3,
+                "wire_per_step_worker": 1e5, "routes": routes or {},
+                "local_aggregation": False}
+    auto = {"embedding": "allgather", "softmax/weights": "allgather", "softmax/bias": "allreduce"}
+    rows = [row("HYBRID", 30), row("HYBRID_allgather", 20), row("HYBRID_allreduce", 900),
+            row("HYBRID_sharded", 25), row("AR", 18)]
+    fast = {"lm_small": rows + [row("HYBRID_auto", 20.9, auto)]}
+    slow = {"lm_small": rows + [row("HYBRID_auto", 21.1, auto)]}
+    (config,) = benchmark_routes.configurations(fast)
+    best, best_s, auto_s, counted, ok = benchmark_routes.verdict(config)
+    # AR is a reference, not a route: the fastest fixed route is the allgather
+    assert (best, ok) == ("HYBRID_allgather", "yes") and best_s == 0.020
+    assert counted == "allgather x2, allreduce x1, aggregation off"
+    assert benchmark_routes.verdict(benchmark_routes.configurations(slow)[0])[4] == "no"
+    table, fastest, total = benchmark_routes.summary(fast)
+    assert (fastest, total) == (1, 1) and "1.04x the fastest fixed" in table
+    assert benchmark_routes.summary(slow)[1:] == (0, 1)
+
+
+def test_the_tf_ps_baselines_server_serves_its_task():
+    """The TF parameter-server baseline starts tfpar's server process with its spec as
+    tfpar does (on stdin: passed otherwise the server waited for it and the benchmark's
+    jobs hung at their first session)."""
+    import socket
+    from scripts import lm_tf_ps_baseline
+
+    ports = []
+    for _ in range(2):
+        s = socket.socket()
+        s.bind(("localhost", 0))
+        ports.append(s.getsockname()[1])
+        s.close()
+    spec = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    proc = lm_tf_ps_baseline.start_ps(spec, 0)
+    try:
+        server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name="worker",
+                                      task_index=0)
+        with tf.Graph().as_default():
+            with tf1.device("/job:ps/task:0"):
+                v = tf1.get_variable("v", initializer=[1.0, 2.0], use_resource=True)
+            config = tf1.ConfigProto(operation_timeout_in_ms=60_000)
+            with tf1.Session(server.target, config=config) as sess:
+                sess.run(v.initializer)
+                assert sess.run(v).tolist() == [1.0, 2.0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
