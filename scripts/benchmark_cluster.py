@@ -387,6 +387,7 @@ def main():
                                        if k in density_of(rs[-1])},
                             "alpha": density_of(rs[-1]),
                             "local_aggregation": rs[-1].get("local_aggregation", True),
+                            "allreduce_by_allgather": rs[-1].get("allreduce_by_allgather"),
                             "routing": rs[-1].get("routing"),  # links, predictions
                             "floor_per_step_worker": counts and model_bytes(
                                 "floor", vocab, n, hosts, counts),

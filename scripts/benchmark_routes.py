@@ -46,7 +46,7 @@ def run_part(part):
            "--batch", str(batch), "--rates", *rates, "--vocabs", str(vocab),
            "--systems", *systems, "--repeats", str(repeats), "--steps", str(steps),
            "--warmup", str(warmup), "--name", part,
-           "--out", os.path.join(results_dir(NAME), part)]
+           "--out", os.path.relpath(os.path.join(results_dir(NAME), part), REPO)]
     print("+", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
 
@@ -74,6 +74,10 @@ def verdict(config):
     counted = ", ".join(f"{route} x{sum(1 for v in auto['routes'].values() if v == route)}"
                         for route in chosen)
     counted += ", aggregation " + ("on" if auto.get("local_aggregation", True) else "off")
+    if auto.get("allreduce_by_allgather"):
+        counted += ", the dense gradients in the allgather"
+    elif auto.get("allreduce_by_allgather", "unrecorded") == "unrecorded":
+        counted += " (the dense gradients' fold not recorded)"  # runs before 2026-11-28
     fastest = auto["step_time_s"] <= WITHIN * fixed[best]
     return best, fixed[best], auto["step_time_s"], counted, "yes" if fastest else "no"
 
@@ -126,7 +130,8 @@ def main():
     table, fastest, total = summary(done)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d")
     text = (f"# The sparse routes and density routing, every configuration\n\n"
-            f"`{invocation()}`, {stamp}, on {machine()}. 2 emulated hosts x 2 workers "
+            f"`{invocation([a for a in sys.argv if a != '--summary-only'])}`, {stamp}, "
+            f"on {machine()}. 2 emulated hosts x 2 workers "
             "(network namespaces, links shaped with tc tbf; every process shares this "
             "machine's cores). Each configuration's systems ran interleaved; a step is the "
             "median over the repeats of the mean of the timed steps; MB: wire bytes a step a "

@@ -73,7 +73,7 @@ def test_the_routes_sweep_names_the_fastest_fixed_route_and_judges_auto():
     def row(system, ms, routes=None):
         return {"rate": "1gbit", "system": system, "step_time_s": ms / 1e3,
                 "wire_per_step_worker": 1e5, "routes": routes or {},
-                "local_aggregation": False}
+                "local_aggregation": False, "allreduce_by_allgather": False}
     auto = {"embedding": "allgather", "softmax/weights": "allgather", "softmax/bias": "allreduce"}
     rows = [row("HYBRID", 30), row("HYBRID_allgather", 20), row("HYBRID_allreduce", 900),
             row("HYBRID_sharded", 25), row("AR", 18)]
