@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -234,6 +235,40 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm", partitions=N
                      "--warmup", str(warmup), "--log-every", str(warmup)]
 
 
+SILENCE_S = 300  # a job that prints nothing this long is hung (a step of the dense route
+# at 100 Mbit/s takes 20 s, and its start-up broadcast of the tables a minute)
+
+
+class Watchdog:
+    """Kills `proc` once it has run `total_s` seconds or printed nothing for `silence_s`
+    (call `saw_output` at each line); `killed` then says which."""
+
+    def __init__(self, proc, total_s: float, silence_s: float, poll_s: float = 1.0):
+        self.proc, self.total_s, self.silence_s = proc, total_s, silence_s
+        self.start = self.last = time.monotonic()
+        self.killed = None
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, args=(poll_s,), daemon=True).start()
+
+    def saw_output(self):
+        self.last = time.monotonic()
+
+    def cancel(self):
+        self._done.set()
+
+    def _watch(self, poll_s):
+        while not self._done.wait(poll_s):
+            now = time.monotonic()
+            if now - self.start > self.total_s:
+                self.killed = f"ran past {self.total_s:g} s"
+            elif now - self.last > self.silence_s:
+                self.killed = f"printed nothing for {self.silence_s:g} s"
+            else:
+                continue
+            self.proc.kill()
+            return
+
+
 def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, model="lm",
             per_host=2, partitions=None):
     """Runs one job; returns its summary with the wire bytes between the warm-up step and
@@ -250,10 +285,11 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, mod
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, cwd=REPO)
         marks, tail = {}, []
-        # A job that hangs silently is killed at the deadline (its output then ends).
-        watchdog = threading.Timer(timeout, proc.kill)
-        watchdog.start()
+        # A job that hangs is killed (its output then ends): tfpar's own jobs end
+        # themselves past their deadlines, the baselines have none.
+        watchdog = Watchdog(proc, timeout, SILENCE_S)
         for line in proc.stdout:
+            watchdog.saw_output()
             tail = (tail + [line])[-60:]
             if "<stdout>:step" in line:
                 step = int(line.split("step")[1].split()[0])
@@ -265,7 +301,9 @@ def run_one(cluster, system, vocab, batch, n, hosts, steps, warmup, timeout, mod
         watchdog.cancel()
         if proc.returncode != 0 or not os.path.exists(out) or warmup not in marks \
                 or steps not in marks:
-            raise RuntimeError(f"{system} N={n} vocab={vocab} failed:\n{''.join(tail)}")
+            killed = f" (killed: {watchdog.killed})" if watchdog.killed else ""
+            raise RuntimeError(f"{system} N={n} vocab={vocab} failed{killed}:\n"
+                               f"{''.join(tail)}")
         with open(out) as f:
             summary = json.load(f)
     # The end: when every worker is done (an asynchronous chief runs ahead of the others).

@@ -118,3 +118,30 @@ def test_the_tf_ps_baselines_server_serves_its_task():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_cluster_benchmark_kills_a_job_that_hangs_or_runs_too_long():
+    """A job that prints nothing for the silence limit (a baseline hung at its first
+    session) or runs past its total is killed and named so; one that keeps printing is
+    left alone."""
+    import subprocess
+    import sys
+    import time
+
+    def watched(code, total_s, silence_s):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                text=True)
+        dog = benchmark_cluster.Watchdog(proc, total_s, silence_s, poll_s=0.05)
+        for _ in proc.stdout:
+            dog.saw_output()
+        proc.wait()
+        dog.cancel()
+        return proc.returncode, dog.killed
+
+    started = time.monotonic()
+    assert watched("import time; print('up', flush=True); time.sleep(60)", 60, 1) == \
+        (-9, "printed nothing for 1 s")
+    talks = "import time\nfor _ in range(600):\n    print('.', flush=True); time.sleep(0.01)"
+    assert watched(talks, 1.5, 1) == (-9, "ran past 1.5 s")
+    assert watched("print('done')", 60, 1) == (0, None)
+    assert time.monotonic() - started < 30
