@@ -185,7 +185,9 @@ def main():
                    "during this step (tfpar.Config(ids_ahead=True))")
     p.add_argument("--allreduce-by-allgather", choices=("on", "off", "auto"), default="auto",
                    help="where the allgather route runs (AR mode): the dense gradients in "
-                   "it too, one collective a step (tfpar.Config(allreduce_by_allgather); "
+                   "it too, one collective a step; where only the sharded route runs "
+                   "(without local aggregation), in its gradients' all-to-all "
+                   "(tfpar.Config(allreduce_by_allgather); "
                    "auto, the default: where the links were measured and it pays)")
     p.add_argument("--freeze-tables", action="store_true",
                    help="train only the dense layer (the embedding and softmax rows fixed): "
@@ -237,6 +239,7 @@ def main():
         summary = {"mode": runner.plan.mode, "sync": runner.plan.sync,
                    "local_aggregation": runner.plan.local_aggregation,
                    "allreduce_by_allgather": runner.plan.allreduce_by_allgather,
+                   "allreduce_by_alltoall": runner.plan.allreduce_by_alltoall,
                    "workers": runner.num_workers, "vocab": args.vocab,
                    "step_time_s": elapsed / timed,
                    "words_per_s": timed * args.batch_size * runner.num_workers / elapsed,

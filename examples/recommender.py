@@ -133,7 +133,9 @@ def main():
                    "ids where it measures them, else modulo (tfpar.Config(sharded_rows))")
     p.add_argument("--allreduce-by-allgather", choices=("on", "off", "auto"), default="auto",
                    help="where the allgather route runs (AR mode): the dense gradients in "
-                   "it too, one collective a step (tfpar.Config(allreduce_by_allgather); "
+                   "it too, one collective a step; where only the sharded route runs "
+                   "(without local aggregation), in its gradients' all-to-all "
+                   "(tfpar.Config(allreduce_by_allgather); "
                    "auto, the default: where the links were measured and it pays)")
     p.add_argument("--freeze-tables", action="store_true",
                    help="train only the DNN's dense layers (the linear part and the "
@@ -176,6 +178,7 @@ def main():
         summary = {"mode": runner.plan.mode, "workers": runner.num_workers,
                    "local_aggregation": runner.plan.local_aggregation,
                    "allreduce_by_allgather": runner.plan.allreduce_by_allgather,
+                   "allreduce_by_alltoall": runner.plan.allreduce_by_alltoall,
                    "vocab": args.items, "step_time_s": elapsed / timed,
                    "words_per_s": timed * args.batch_size * runner.num_workers / elapsed,
                    "bytes_per_step": per_step,

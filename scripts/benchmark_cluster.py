@@ -46,7 +46,8 @@ from tfpar.testing.emulate import EmulatedCluster  # noqa: E402
 
 SYSTEMS = ("HYBRID", "HYBRID_auto", "HYBRID_measured", "HYBRID_trials", "HYBRID_allreduce",
            "HYBRID_allgather", "HYBRID_sharded", "HYBRID_sharded_direct",
-           "HYBRID_sharded_ahead", "HYBRID_sharded_ranges", "HYBRID_ps_ranges", "HYBRID_sharded_direct_ranges",
+           "HYBRID_sharded_ahead", "HYBRID_sharded_ahead_folded", "HYBRID_sharded_direct_folded",
+           "HYBRID_sharded_ranges", "HYBRID_ps_ranges", "HYBRID_sharded_direct_ranges",
            "HYBRID_async",
            "HYBRID_direct", "AR", "AR_folded", "AR_frozen", "PS", "PS_measured", "PS_async", "PS_direct",
            "horovod", "horovod_sparse_as_dense", "tf_ps")
@@ -63,6 +64,11 @@ LABELS = {"HYBRID": "tfpar HYBRID", "AR": "tfpar AR", "PS": "tfpar PS",
           "HYBRID_sharded_direct": "tfpar HYBRID, sparse sharded, no local aggregation",
           "HYBRID_sharded_ahead": "tfpar HYBRID, sparse sharded, no local aggregation, ids "
                                   "a step ahead",
+          "HYBRID_sharded_ahead_folded": "tfpar HYBRID, sparse sharded, no local "
+                                         "aggregation, ids a step ahead, the dense "
+                                         "gradients in the all-to-all",
+          "HYBRID_sharded_direct_folded": "tfpar HYBRID, sparse sharded, no local "
+                                          "aggregation, the dense gradients in the all-to-all",
           "HYBRID_sharded_ranges": "tfpar HYBRID, sparse sharded, rows in ranges",
           "HYBRID_ps_ranges": "tfpar HYBRID, the servers' parts in row ranges",
           "HYBRID_sharded_direct_ranges": "tfpar HYBRID, sparse sharded, no local "
@@ -157,6 +163,8 @@ def model_bytes(system, vocab, n, hosts, rows):
                     "HYBRID_sharded_direct_ranges"):  # each worker's
         # unique rows, both ways
         total = ring_allreduce(dense) + 2 * n * per_worker_push * remote
+    elif system in ("HYBRID_sharded_ahead_folded", "HYBRID_sharded_direct_folded"):
+        total = ring_allgather(dense) + 2 * n * per_worker_push * remote  # dense to all
     elif system == "AR_frozen":  # the dense layer alone
         total = ring_allreduce(dense)
     elif system in ("AR", "horovod", "HYBRID_allgather"):
@@ -210,6 +218,12 @@ def command(system, vocab, batch, steps, warmup, hosts, model="lm", partitions=N
                    "sharded_direct": ["--sparse-route", "sharded", "--no-local-aggregation"],
                    "sharded_ahead": ["--sparse-route", "sharded", "--no-local-aggregation",
                                      "--ids-ahead"],
+                   "sharded_ahead_folded": ["--sparse-route", "sharded",
+                                            "--no-local-aggregation", "--ids-ahead",
+                                            "--allreduce-by-allgather", "on"],
+                   "sharded_direct_folded": ["--sparse-route", "sharded",
+                                             "--no-local-aggregation",
+                                             "--allreduce-by-allgather", "on"],
                    "sharded_ranges": ["--sparse-route", "sharded", "--sharded-rows", "ranges"],
                    "ps_ranges": ["--sparse-route", "ps", "--ps-rows", "ranges"],
                    "sharded_direct_ranges": ["--sparse-route", "sharded",

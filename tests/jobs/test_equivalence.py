@@ -90,6 +90,12 @@ SHARDED_2 = [
     # Rows in ranges (Config.sharded_rows; the others deal them out modulo N).
     sharded("adam_ranges", {"optimizer": "adam"}, {"sharded_rows": "ranges"}),
     sharded("ftrl_ema_ranges", {"optimizer": "ftrl", "ema": True}, {"sharded_rows": "ranges"}),
+    # The dense gradients in the rows' all-to-all (Config.allreduce_by_allgather), summed
+    # or averaged, beside one table's rows and beside two tables' (a partitioned one).
+    sharded("adagrad_sum_dense_in_alltoall", {"optimizer": "adagrad", "reduce": "sum"},
+            {"average_dense": False, "average_sparse": False, "allreduce_by_allgather": True}),
+    sharded("adam_partitioned_dense_in_alltoall", {"optimizer": "adam", "emb_partitions": 2},
+            {"allreduce_by_allgather": True}, vocab=models.PS_VOCAB),
 ]
 SHARDED_3 = [
     sharded("ftrl", {"optimizer": "ftrl"}),
@@ -162,9 +168,12 @@ def check_sharded(ranks, n, scenario):
         slots = [s for s in plan.values() if s["slot_of"] == v["name"]]
         assert all(s["route"] == "sharded" and s["tiling"] == v["tiling"] for s in slots)
     assert plan["w1"]["route"] == "allreduce"
+    folded = scenario["config"].get("allreduce_by_allgather") is True
+    assert json.loads(str(ranks[0]["plan"]))["allreduce_by_alltoall"] == folded
     for rank in ranks:
         traffic = json.loads(str(rank["communication"]))
         assert traffic["sharded"] > 0 and traffic["ps_push"] == traffic["ps_pull"] == 0, traffic
+        assert (traffic["allreduce"] == 0) == folded, traffic  # the dense gradients rode
 
 
 @each_scenario(SHARDED_2)

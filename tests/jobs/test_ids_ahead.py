@@ -20,7 +20,10 @@ SCENARIOS = {
     2: [{"name": "adagrad", "optimizer": "adagrad", "config": AHEAD},
         {"name": "adam_clip", "optimizer": "adam", "clip": 0.05, "config": AHEAD}],
     4: [{"name": "ftrl", "optimizer": "ftrl", "config": AHEAD},
-        {"name": "momentum_clip", "optimizer": "momentum", "clip": 0.05, "config": AHEAD}],
+        {"name": "momentum_clip", "optimizer": "momentum", "clip": 0.05, "config": AHEAD},
+        # the dense gradients in the rows' all-to-all (Config.allreduce_by_allgather)
+        {"name": "adam_dense_in_alltoall", "optimizer": "adam",
+         "config": {**AHEAD, "allreduce_by_allgather": True}}],
 }
 HOSTS = {2: None, 4: "localhost:2,127.0.0.1:2"}
 
@@ -67,7 +70,11 @@ def test_ids_a_step_ahead_equal_single_device_training(job):
             # every batch once, the last one included (the losses of the whole batch: each
             # worker's mean over its slice, averaged)
             assert len(got["losses"]) == STEPS
-            assert json.loads(str(got["communication"]))["sharded"] > 0
+            traffic = json.loads(str(got["communication"]))
+            assert traffic["sharded"] > 0
+            folded = sc["config"].get("allreduce_by_allgather") is True
+            assert plan["allreduce_by_alltoall"] == folded
+            assert (traffic["allreduce"] == 0) == folded, traffic
             slots = [k for k in got.files if k.startswith("final/emb/")]
             assert slots, got.files  # the optimizer's slots of the sharded rows
             for name, value in want.items():

@@ -475,6 +475,48 @@ def test_allreduced_gradients_travel_in_the_allgather_where_asked_or_measured_to
         tfpar.Config(allreduce_by_allgather="yes")
 
 
+def test_dense_gradients_ride_in_the_sharded_rows_all_to_all_where_asked_or_measured_to_pay():
+    """Config(allreduce_by_allgather) where route "sharded" runs and no allgather: True
+    sends the dense gradients in the sharded rows' gradient all-to-all (priced as an
+    allgather of them); "auto" only with measured links where the bytes added cost less
+    than the allreduce spared; never with local aggregation (the rows go to the host's
+    collectors first) or a global norm over every gradient (the rows' post-processing
+    needs the dense gradients summed first), each refusal named in the notes."""
+    from tfpar.plan import cost
+    from tfpar.plan.planner import make_plan
+    from tfpar.plan.measurements import Measurements
+
+    def plan_of(setting, links=None, hosts="localhost:2", clip=None, **config):
+        graph, _ = models.build(optimizer="adagrad", sparse=True, clip=clip)
+        measured = None if links is None else Measurements(
+            links=links, steps=1, alphas={"emb": 0.2}, sent_rows={"emb": 16})
+        return make_plan(tfpar.analyse(graph), tfpar.Config(
+            sparse_route={"emb": "sharded"}, allreduce_by_allgather=setting,
+            **{"local_aggregation": False, **config}), parse_resources(hosts), measured)
+
+    def note(plan):
+        return next(n for n in plan.notes if n.startswith("dense allreduce in the sharded"))
+
+    plan = plan_of(True)
+    dense = [v for v in plan.variables if v.route == "allreduce" and v.gradients]
+    assert plan.allreduce_by_alltoall and not plan.allreduce_by_allgather and dense
+    assert all(v.predicted_bytes == cost.allgather_bytes(v.nbytes, 2) for v in dense)
+    assert "travel in its gradients' all-to-all" in plan.table()
+    assert tfpar.Plan.from_json(plan.to_json()) == plan
+    assert not plan_of(False).allreduce_by_alltoall
+    assert "links were not measured" in note(plan_of("auto"))
+    aggregated = plan_of(True, hosts="a:2,b:2", local_aggregation=True)
+    assert not aggregated.allreduce_by_alltoall and "local aggregation" in note(aggregated)
+    clipped = plan_of(True, clip=0.05)
+    assert not clipped.allreduce_by_alltoall and "global norm" in note(clipped)
+    for per_byte_s, on in ((1e-8, True), (1e-5, False)):
+        links = routing.Links(latency_s=1e-3, per_byte_s=per_byte_s, alltoall_latency_s=1e-3)
+        measured = plan_of("auto", links=links, hosts="localhost:4")
+        assert measured.allreduce_by_alltoall == on
+        assert note(measured).startswith("dense allreduce in the sharded all-to-all: "
+                                         + ("on (measured)" if on else "off (measured"))
+
+
 def test_density_routing_prices_the_allgather_with_the_allreduce_it_takes_in():
     """Where the dense gradients' allreduce would ride in an allgather and that pays (fast
     links, a round of 5 ms), the allgather's kind saves that round, and density routing

@@ -130,6 +130,10 @@ class Plan:
     # the step's allreduced gradients travel in route "allgather"'s allgather, each worker
     # summing everyone's (Config.allreduce_by_allgather): one collective a step
     allreduce_by_allgather: bool = False
+    # the step's dense gradients travel in route "sharded"'s gradient all-to-all, each
+    # worker's sent whole to every worker and summed in rank order
+    # (Config.allreduce_by_allgather where no allgather runs): one collective fewer a step
+    allreduce_by_alltoall: bool = False
     # The trained variables of each update group (`GradientPlan.group`): updates made by
     # different runs (a GAN's generator and discriminator, by turns), whose collectives
     # are packed and servers' steps synchronised apart. () when one run makes them all.
@@ -299,6 +303,11 @@ class Plan:
                          "summing everyone's (Config.allreduce_by_allgather): " + ", ".join(
                              v.name for v in self.variables
                              if v.route == "allreduce" and v.gradients))
+        if self.allreduce_by_alltoall:
+            lines.append("sharded: the dense gradients travel in its gradients' all-to-all, "
+                         "each worker summing everyone's (Config.allreduce_by_allgather): "
+                         + ", ".join(v.name for v in self.variables
+                                     if v.route == "allreduce" and v.gradients))
         if len(summed) < len(gathered):
             lines.append("allgather: rows sent as the gradient carries them "
                          "(Config.sum_duplicate_rows, or a post-processing that would see "

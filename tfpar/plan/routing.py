@@ -476,14 +476,18 @@ def fixed_costs(links: Links, aggregation: bool = False,
             "sharded": sharded * links.alltoall_s}
 
 
-def fold_seconds(dense_bytes: float, n: int, links: Links, forced: bool = False) -> float:
+def fold_seconds(dense_bytes: float, n: int, links: Links, forced: bool = False,
+                 via: str = "allgather") -> float:
     """What the allgather's kind adds to a step when the step's allreduce of `dense_bytes`
     rides in it (Config.allreduce_by_allgather): their bytes at the allgather's cost, less
     their own allreduce (a round and its bytes). "auto" folds only where that is below
-    zero (else 0: no fold); `forced` (True) folds whatever it costs."""
+    zero (else 0: no fold); `forced` (True) folds whatever it costs. via "alltoall": in
+    the sharded rows' gradient all-to-all instead, each worker's gradient sent whole to
+    every other (the allgather's bytes) at the links' own cost per byte."""
     if n < 2 or dense_bytes <= 0:
         return 0.0
-    delta = cost.allgather_bytes(dense_bytes, n) * links.gathered_byte_s - (
+    per_byte = links.gathered_byte_s if via == "allgather" else links.per_byte_s
+    delta = cost.allgather_bytes(dense_bytes, n) * per_byte - (
         links.latency_s + cost.allreduce_bytes(dense_bytes, n) * links.per_byte_s)
     return delta if forced else min(delta, 0.0)
 

@@ -20,12 +20,14 @@ from tfpar.graph.naming import safe_name
 from tfpar.transform.traffic import Traffic, nbytes
 
 
-def apply_allreduce(graph: tf.Graph, plan: Plan,
-                    traffic: Optional[Traffic] = None) -> Dict[str, str]:
+def apply_allreduce(graph: tf.Graph, plan: Plan, traffic: Optional[Traffic] = None,
+                    skip=()) -> Dict[str, str]:
     """Rewrites `graph` in place for the plan's allreduce and allgather routes.
 
     Returns {raw gradient tensor name: name of the combined tensor that replaced it}.
     `traffic`, if given, counts each collective's bytes per worker (ring algorithms).
+    skip: raw gradients already combined (`Plan.allreduce_by_alltoall`: by the sharded
+    rewrite's all-to-all).
     """
     replaced: Dict[str, str] = {}
     if plan.num_workers < 2:
@@ -35,6 +37,8 @@ def apply_allreduce(graph: tf.Graph, plan: Plan,
     with graph.as_default():
         for v in plan.variables:
             for k, g in enumerate(v.gradients):
+                if g.values in skip:
+                    continue
                 scope = f"tfpar/{v.route}/{safe_name(v.name)}_{k}/"
                 group = g.group
                 with tf.compat.v1.name_scope(scope), _of_group(traffic, group):

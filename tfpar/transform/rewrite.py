@@ -52,7 +52,10 @@ def rewrite(graph: tf.Graph, plan: Plan, rank: int, ps_prefix: Optional[str] = N
     tiled = _joined(tiled, sharded)
     ps = (apply_parameter_server(graph, plan, rank, traffic, ps_prefix, markers)
           if distributed else None)
-    combined = apply_allreduce(graph, plan, traffic)
+    combined = apply_allreduce(graph, plan, traffic,
+                               skip=sharded.combined if sharded is not None else {})
+    if sharded is not None:
+        combined.update(sharded.combined)
     group_of = {t: g.group for v in plan.variables for g in v.gradients
                 for t in (g.values, g.indices) if t}
     for group in range(max(1, len(plan.update_groups))):  # each group's runs mark their own

@@ -65,6 +65,9 @@ class ShardedRewrite:
     # {original tensor or op name: its replacement}: the user's writes and reads of the
     # sharded variables outside the training step (`outside_uses`), for the runner's fetches.
     replaced: Dict[str, object] = dataclasses.field(default_factory=dict)
+    # {raw dense gradient: its sum over the workers} (`Plan.allreduce_by_alltoall`: they
+    # rode in the gradients' all-to-all; the allreduce rewrite leaves them alone).
+    combined: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
@@ -109,7 +112,9 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
         # Every gradient's rows go to their owners in one all-to-all (per dtype), unless
         # one of them waits for an update (a second optimizer's): that one goes alone.
         sends = [s.outgoing(i, g) for s in variables for i, g in enumerate(s.v.gradients)]
-        _exchange_gradients(sends, exchanges, _update_ops_of(graph, plan), plan)
+        riders = _dense_gradients(graph, plan) if plan.allreduce_by_alltoall else []
+        combined = _exchange_gradients(sends, exchanges, _update_ops_of(graph, plan), plan,
+                                       riders)
         for send in sends:
             updates.append((send.g.group, send.owner.apply(send, made)))
         replaced: Dict[str, object] = {}
@@ -119,7 +124,7 @@ def apply_sharding(graph: tf.Graph, plan: Plan, rank: int,
                     tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
             ref = graph.get_collection_ref(key)
             ref[:] = [x for x in ref if x.op.name not in made]
-    return ShardedRewrite(made, updates, ahead, replaced)
+    return ShardedRewrite(made, updates, ahead, replaced, combined)
 
 
 class _Sharded:
@@ -391,21 +396,26 @@ class _Exchanges:
         # Local aggregation: every host's ranks (None: off, or no host has two workers).
         self.hosts = hosts if hosts and max(len(h) for h in hosts) > 1 else None
 
-    def to_owners(self, items, name: str):
+    def to_owners(self, items, name: str, riders=()):
         """Rows with their ids to the workers that own them. items: [(ids sorted by owner
         (int64), their rows [k, width], how many go to each worker, their
-        `RowOwners`)], the rows of one dtype. Returns per item (ids, rows) that arrived here.
+        `RowOwners`)], the rows of one dtype. Returns per item (ids, rows) that arrived
+        here, and the sum over the workers of each of `riders` (tensors of the rows' dtype
+        sent whole to every worker beside the rows, summed in rank order: the same sum on
+        every worker; no local aggregation).
 
         With local aggregation, the rows go first to the worker of this host that collects
         them for their owner (the owner's local rank, modulo the host's workers), which
         sums them by id and sends them on: a row the host's workers share crosses the
         host's link once. Two all-to-alls instead of one."""
         if self.hosts is not None:
+            assert not riders, "the plan folds no dense gradient where the hosts aggregate"
             items = self._via_host(items, name)
-        if len(items) == 1:
+        if len(items) == 1 and not riders:
             ids, rows, splits, _ = items[0]
-            return [self.rows_with_ids(ids, rows, splits, name)]
-        return [(ids, rows) for ids, rows, _ in self.many([x[:3] for x in items], name)]
+            return [self.rows_with_ids(ids, rows, splits, name)], []
+        got, sums = self._many([x[:3] for x in items], name, riders)
+        return [(ids, rows) for ids, rows, _ in got], sums
 
     def _to_collectors(self, splits: tf.Tensor):
         """(the permutation that sorts rows sorted by owner by their collector on this
@@ -559,6 +569,11 @@ class _Exchanges:
         dtype. Each worker is sent, per item, how many it gets, then the ids with their
         rows (ids and counts ride as the bits of extra elements: bitcast, exact). Returns
         per item (ids, rows or None, how many came from each worker)."""
+        return self._many(items, name, ())[0]
+
+    def _many(self, items, name: str, riders):
+        """`many`, with `riders` (tensors of the rows' dtype) sent whole to every worker
+        after the rows and summed over the workers in rank order: (`many`'s, the sums)."""
         n, count = self.n, len(items)
         dtype = next((r.dtype for _, r, _ in items if r is not None), tf.int64)
         per = packed.per_int64(dtype)
@@ -578,27 +593,40 @@ class _Exchanges:
             widths.append(int(record.shape[1]))
             pieces.append(tf.split(record, splits, num=n))
         counts = tf.stack([splits for _, _, splits in items], axis=1)  # [n, items]
+        flat = [tf.reshape(r, [-1]) for r in riders]
+        rider_sizes = [tf.size(r, out_type=tf.int32) for r in riders]
         send = []
         for d in range(n):
             send.append(to_elements(tf.cast(counts[d], tf.int64)))
             send.extend(tf.reshape(pieces[k][d], [-1]) for k in range(count))
+            send.extend(flat)
         sizes = count * per + tf.add_n([splits * w for (_, _, splits), w in zip(items, widths)])
+        if riders:  # every worker gets all of them
+            sizes += tf.add_n(rider_sizes)
         got, got_sizes = self.run(tf.concat(send, 0), sizes, name)
         chunks = tf.split(got, got_sizes, num=n)
         records, came = [[] for _ in items], [[] for _ in items]
+        ridden = [[] for _ in riders]
         for s in range(n):
             header = tf.cast(from_elements(chunks[s][:count * per]), tf.int32)
-            body = tf.split(chunks[s][count * per:], header * tf.constant(widths, tf.int32),
-                            num=count)
+            body = tf.split(chunks[s][count * per:], tf.concat(
+                [header * tf.constant(widths, tf.int32),
+                 tf.stack(rider_sizes) if riders else tf.zeros([0], tf.int32)], 0),
+                num=count + len(riders))
             for k in range(count):
                 records[k].append(tf.reshape(body[k], [-1, widths[k]]))
                 came[k].append(header[k])
+            for k, r in enumerate(riders):
+                piece = tf.reshape(body[count + k], tf.shape(r))
+                piece.set_shape(r.shape)
+                ridden[k].append(piece)
+        sums = [tf.add_n(every) for every in ridden]  # rank order: the same on every worker
         out = []
         for k, (_, rows, _) in enumerate(items):
             record = tf.concat(records[k], 0)
             ids = from_elements(tf.reshape(record[:, :per], [-1]))
             out.append((ids, None if rows is None else record[:, per:], tf.stack(came[k])))
-        return out
+        return out, sums
 
     def rows_back(self, items, name: str):
         """The rows asked of this worker, back to the askers, for several lookups in one
@@ -650,20 +678,56 @@ class _Send:
     got_rows: Optional[tf.Tensor] = None
 
 
-def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops, plan: Plan):
+def _exchange_gradients(sends: List[_Send], exchanges: "_Exchanges", update_ops, plan: Plan,
+                        riders: List[Tuple[tf.Tensor, bool]] = ()) -> Dict[str, str]:
     """Sets every send's `got_*`: the sends of one dtype and update group that wait for no
-    update share one all-to-all; the others go one by one."""
+    update share one all-to-all; the others go one by one. riders: the dense gradients
+    (and whether to average them) that ride in the first shared all-to-all
+    (`Plan.allreduce_by_alltoall`); returns {raw gradient: its sum over the workers}."""
     together: Dict[str, List[_Send]] = {}
     for send in sends:
         alone = _depends_on([send.values, send.indices], update_ops)
         key = (f"{send.rows.dtype.name}_{send.g.group}" if not alone
                else f"alone_{len(together)}")
         together.setdefault(key, []).append(send)
-    for k, group in enumerate(together.values()):
-        got = exchanges.to_owners([(x.ids, x.rows, x.splits, x.owner.owners) for x in group],
-                                  f"gradients_{k}")
+    carrier = next((key for key in together if not key.startswith("alone_")), None)
+    if riders:
+        raws = [raw for raw, _ in riders]
+        if carrier is None or any(raw.dtype != together[carrier][0].rows.dtype
+                                  for raw in raws):
+            raise NotYetSupportedError(
+                "Config(allreduce_by_allgather): the dense gradients cannot ride in the "
+                "sharded rows' all-to-all (no gradient of their dtype goes with the step's "
+                "other rows); set allreduce_by_allgather=False")
+        if _depends_on([t for x in together[carrier] for t in (x.values, x.indices)],
+                       [raw.op for raw in raws]):
+            raise NotYetSupportedError(
+                "Config(allreduce_by_allgather): the sharded rows' gradients are computed "
+                "from the dense gradients (a post-processing over every gradient), which "
+                "must be summed over the workers first; set allreduce_by_allgather=False")
+    combined: Dict[str, str] = {}
+    for k, (key, group) in enumerate(together.items()):
+        rides = riders if key == carrier else []
+        with tf.compat.v1.name_scope(f"tfpar/sharded/gradients_{k}/") as scope:
+            got, sums = exchanges.to_owners(
+                [(x.ids, x.rows, x.splits, x.owner.owners) for x in group],
+                f"gradients_{k}", [raw for raw, _ in rides])
         for send, (ids, rows) in zip(group, got):
             send.got_ids, send.got_rows = ids, rows
+        for (raw, average), total in zip(rides, sums):
+            with tf.compat.v1.name_scope(scope):
+                new = total / tf.constant(exchanges.n, total.dtype) if average else total
+            surgery.replace_uses(raw, new, keep=[c for c in raw.consumers()
+                                                 if c.name.startswith(scope)])
+            combined[raw.name] = new.name
+    return combined
+
+
+def _dense_gradients(graph: tf.Graph, plan: Plan) -> List[Tuple[tf.Tensor, bool]]:
+    """The raw gradients of the plan's dense route (`Plan.allreduce_by_alltoall`), each
+    with whether it is averaged."""
+    return [(graph.get_tensor_by_name(g.values), v.reduction == "average")
+            for v in plan.variables if v.route == "allreduce" for g in v.gradients]
 
 
 def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges",
