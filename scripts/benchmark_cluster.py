@@ -164,7 +164,8 @@ def model_bytes(system, vocab, n, hosts, rows):
         # unique rows, both ways
         total = ring_allreduce(dense) + 2 * n * per_worker_push * remote
     elif system in ("HYBRID_sharded_ahead_folded", "HYBRID_sharded_direct_folded"):
-        total = ring_allgather(dense) + 2 * n * per_worker_push * remote  # dense to all
+        # every worker's dense gradients to every worker on the other hosts, directly
+        total = n * dense * n * remote + 2 * n * per_worker_push * remote
     elif system == "AR_frozen":  # the dense layer alone
         total = ring_allreduce(dense)
     elif system in ("AR", "horovod", "HYBRID_allgather"):

@@ -166,8 +166,11 @@ def _check_routes(ranks, scenario):
         assert plan["mode"] == "HYBRID" and comm["ps_push"] > 0
     folded = plan["allreduce_by_allgather"]
     if scenario["config"].get("allreduce_by_allgather") is True:
-        assert folded
-    assert (comm["allreduce"] > 0) != folded  # the allreduce's bytes in the allgather
+        assert folded or plan["allreduce_by_alltoall"]
+    # the allreduce's bytes in the allgather, or in the sharded rows' all-to-all
+    assert (comm["allreduce"] > 0) != (folded or plan["allreduce_by_alltoall"])
+    if plan["allreduce_by_alltoall"]:
+        assert {routes[n] for n in sparse} == {"sharded"} and not plan["local_aggregation"]
     assert (comm["allgather"] > 0) == any(routes[n] == "allgather" for n in sparse)
     assert (comm["sharded"] > 0) == any(routes[n] == "sharded" for n in sparse)
 

@@ -517,6 +517,32 @@ def test_dense_gradients_ride_in_the_sharded_rows_all_to_all_where_asked_or_meas
                                          + ("on (measured)" if on else "off (measured"))
 
 
+def test_density_routing_prices_the_dense_gradients_in_the_sharded_all_to_all():
+    """Where every sparse variable is sharded and no host aggregates, the dense gradients
+    may ride in the rows' all-to-all (`Fold.alltoall_s`): the step's prediction gains it
+    where it pays or is forced, never with local aggregation or another route beside,
+    and it is not offered where a global norm over the rows reads the dense gradients."""
+    from tfpar.plan.planner import _fold
+    graph, _ = models.build(batch=8, sparse=True, optimizer="adagrad")
+    analysis = tfpar.analyse(graph)
+    links = routing.Links(latency_s=5e-3, per_byte_s=1e-10, alltoall_latency_s=1e-5)
+    auto = _fold(analysis, tfpar.Config(), 4, links)
+    dense = sum(v.nbytes * len(v.updates) for v in analysis.trained if v.kind == "dense")
+    assert auto.alltoall_s == pytest.approx(3 * dense * 1e-10 - 5e-3)  # 6 D against 3 D + a round
+    assert auto.into_alltoall_s({"sharded"}, False) == auto.alltoall_s < 0
+    assert auto.into_alltoall_s({"sharded"}, True) == 0.0
+    assert auto.into_alltoall_s({"sharded", "allgather"}, False) == 0.0
+    costly = routing.Fold(0.0, alltoall_s=2e-3)
+    assert costly.into_alltoall_s({"sharded"}, False) == 0.0  # "auto": not where it costs
+    assert dataclasses.replace(costly, forced=True).into_alltoall_s({"sharded"}, False) == 2e-3
+    clipped, _ = models.build(batch=8, sparse=True, optimizer="adagrad", clip=0.05)
+    assert _fold(tfpar.analyse(clipped), tfpar.Config(), 4, links).alltoall_s is None
+    choices = {"emb": routing.RouteChoice("sharded", 0.3, 1.0, 1.0, "", 1.0, 2e-3)}
+    plain = routing.predicted_step_s(choices, links)
+    assert routing.predicted_step_s(choices, links, fold=auto) == pytest.approx(
+        plain + auto.alltoall_s)
+
+
 def test_density_routing_prices_the_allgather_with_the_allreduce_it_takes_in():
     """Where the dense gradients' allreduce would ride in an allgather and that pays (fast
     links, a round of 5 ms), the allgather's kind saves that round, and density routing

@@ -121,7 +121,10 @@ class Config:
         (none on 2 workers). True, False, or "auto" (default: where density routing measured
         the links and the bytes added take less time than the collective saved; off when
         nothing was measured, as in AR mode: a large dense model would also lose the
-        allreduce's overlap with the backward pass).
+        allreduce's overlap with the backward pass). Where no allgather runs but route
+        "sharded" does (without local aggregation, and no global norm over every
+        gradient), the dense gradients travel in its gradients' all-to-all instead, each
+        worker's sent whole to every worker (`Plan.allreduce_by_alltoall`).
       ids_ahead: route "sharded": read the input pipeline a step ahead and send the next
         batch's ids to their owners during this step (TorchRec's pipelined input
         distribution), so a step waits for two rounds of all-to-alls (rows back,

@@ -265,8 +265,12 @@ def _fold(analysis: GraphAnalysis, config: Config, n: int,
     if config.allreduce_by_allgather is False or n < 2:
         return None
     dense = sum((v.nbytes or 0) * len(v.updates) for v in analysis.trained if v.kind == "dense")
+    norm = any(u.gradient.row_sums for v in analysis.trained if v.kind == "sparse"
+               for u in v.updates)  # the sharded rows' post-processing reads them summed
     return routing.Fold(routing.fold_seconds(dense, n, links, forced=True),
-                        forced=config.allreduce_by_allgather is True)
+                        forced=config.allreduce_by_allgather is True,
+                        alltoall_s=None if norm else routing.fold_seconds(
+                            dense, n, links, forced=True, via="alltoall"))
 
 
 def _allreduced_bytes(v: VariablePlan) -> Optional[float]:

@@ -191,6 +191,18 @@ class Fold:
 
     dense_s: float
     forced: bool = False
+    # The same in the sharded rows' gradient all-to-all, where every sparse variable is
+    # sharded and no host aggregates (`fold_seconds(..., via="alltoall")`; None: not
+    # possible, a global norm over the rows reads the dense gradients summed).
+    alltoall_s: Optional[float] = None
+
+    def into_alltoall_s(self, kinds, aggregation: bool) -> float:
+        """What the fold into the sharded rows' all-to-all adds to a step whose sparse
+        variables take the route kinds `kinds` (0: it does not fold there)."""
+        if (self.alltoall_s is None or aggregation or set(kinds) != {"sharded"}
+                or not (self.forced or self.alltoall_s < 0)):
+            return 0.0
+        return self.alltoall_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,7 +377,8 @@ def decide(candidates: Tuple[Candidate, ...], n: int, links: Links,
             return routes_with(kinds, False)  # nothing to ride in: no fold
         bytes_s = sum(time_of(name, r, folded) for name, r in route.items() if name in times)
         total = bytes_s + sum(fixed_of(used).get(r, 0.0) for r in used) \
-            + (fold.dense_s if folded else 0)
+            + (fold.dense_s if folded else 0) \
+            + (fold.into_alltoall_s(used, aggregation) if fold is not None else 0)
         return route, total, bytes_s
 
     choices = []
@@ -459,6 +472,8 @@ def predicted_step_s(choices: Dict[str, RouteChoice], links: Links,
     kinds = {c.route for c in choices.values()} | set(forced)
     fixed = fixed_costs(links, aggregation, ahead and kinds == {"sharded"})
     folding = fold_delta_s(choices, fold) if folds(choices, fold, forced) else 0.0
+    if fold is not None:
+        folding += fold.into_alltoall_s(kinds, aggregation)
     return moved + sum(fixed.get(r, 0.0) for r in kinds) + folding
 
 
