@@ -32,7 +32,9 @@ from tests.support.launch import REPO, WORKERS, horovodrun
 STEPS, BATCH = 3, 4
 SCRIPTS = ("lm1b", "skip_thoughts", "nmt", "ptb", "wide_deep")
 MODES = {"HYBRID": {}, "PS": {"run_mode": "PS"}, "AR": {"run_mode": "AR"}}
-SHARDED = {"sparse_route": "sharded"}  # HYBRID, the sparse variables' rows over the workers
+# HYBRID, the sparse variables' rows over the workers, the dense gradients in their
+# all-to-all where the plan can fold them (Config.allreduce_by_allgather)
+SHARDED = {"sparse_route": "sharded", "allreduce_by_allgather": True}
 EXPECTED_ERRORS = {}  # (script, mode) -> a phrase of the clear error tfpar gives
 WORKER = os.path.join(WORKERS, "field_script.py")
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
@@ -154,12 +156,21 @@ def test_field_scripts_with_sharded_rows_equal_single_device(tmp_path, reference
     """Route "sharded" on the scripts whose sparse variables are read other than by a
     plain gather: the canned wide & deep's linear model (TF1 variables: sparse segment
     sums of the whole weights, embedding_lookup_sparse's fast path) and LM1B's sampled
-    softmax over a partitioned variable. (Every script, TF1 and TF2: TFPAR_LONG_TESTS.)"""
+    softmax over a partitioned variable. (Every script, TF1 and TF2: TFPAR_LONG_TESTS.)
+    The dense gradients ride in the rows' all-to-all where the plan allows it: in wide &
+    deep's (two optimizers, FTRL and Adagrad); LM1B clips by the global norm, so not there
+    (the plan says why)."""
     long = os.environ.get("TFPAR_LONG_TESTS")
     for tf1 in ((True, False) if long else (True,)):
         scripts = SCRIPTS if long else ("wide_deep", "lm1b")
         check_cells(run_cells(tmp_path / str(tf1), 2, tf1, "SHARDED", references(tf1, 2),
                               scripts), "SHARDED")
+        for script in scripts:
+            plan = json.loads(str(np.load(tmp_path / str(tf1) / script / "rank0.npz")["plan"]))
+            note = next(n for n in plan["notes"] if n.startswith("dense allreduce in the "))
+            assert plan["allreduce_by_alltoall"] == note.endswith("on (Config)"), note
+            if script == "wide_deep":
+                assert plan["allreduce_by_alltoall"], note
 
 
 def test_field_scripts_on_two_hosts_equal_single_device(tmp_path, references):
