@@ -808,8 +808,9 @@ class Runner(surgery.session_base()):
         (gradients pushed to parameter servers, by the worker and, with local aggregation,
         the host's sum forwarded by its first worker), "ps_pull" (rows and variables read
         from them), "tiled" (the exchanges of split layers), "sharded" (the all-to-alls of
-        sharded variables: ids, rows and row gradients; received from the others,
-        doubled), and "steps" (training steps run). Divide by "steps" for bytes per step.
+        sharded variables: ids, rows and row gradients, and the dense gradients where they
+        ride in them, `Plan.allreduce_by_alltoall`; received from the others, doubled),
+        and "steps" (training steps run). Divide by "steps" for bytes per step.
         mean_over_workers: average over all workers instead; every worker must then call
         it at the same point (it gathers the counts through Horovod).
         """
