@@ -87,3 +87,11 @@ def test_plan_shows_each_workers_sharded_rows():
                      "--sparse-route", "sharded", "--sharded-rows", "ranges")
     assert proc.returncode == 0, proc.stderr
     assert "embedding R4: w0[0:25000,0:64]" in proc.stdout, proc.stdout
+    # the dense gradients in the rows' all-to-all where asked and possible
+    folded = tfpar_cmd("plan", f"{lm}:build_graph", "--resources", "hostA:2,hostB:2",
+                       "--sparse-route", "sharded", "--no-local-aggregation",
+                       "--allreduce-by-allgather", "on")
+    assert folded.returncode == 0, folded.stderr
+    assert "sharded: the dense gradients travel in its gradients' all-to-all" in folded.stdout
+    assert "dense allreduce in the sharded all-to-all: on (Config)" in folded.stdout
+    assert "dense allreduce in the sharded all-to-all: off (local aggregation" in proc.stdout

@@ -150,6 +150,10 @@ def main(argv=None):
                       "without a job's measurement) or each worker a range of rows")
     plan.add_argument("--no-local-aggregation", action="store_true",
                       help="push every worker's gradient to the PS (not one push per host)")
+    plan.add_argument("--allreduce-by-allgather", default="auto", choices=("on", "off", "auto"),
+                      help="the dense gradients in the allgather route's allgather, or where "
+                      "only the sharded route runs, in its gradients' all-to-all (auto: "
+                      "where a job measured that it pays; the plan's notes say why not)")
     plan.add_argument("--search-cache", help="folder of remembered partition searches "
                       "(default ~/.cache/tfpar/partitions)")
     plan.add_argument("--forget-search", action="store_true",
@@ -211,7 +215,9 @@ def main(argv=None):
                         average_sparse=not args.sum, gradient_scope=scope,
                         partitions=args.partitions, search_cache=args.search_cache,
                         local_aggregation=not args.no_local_aggregation,
-                        sparse_route=args.sparse_route, sharded_rows=args.sharded_rows)
+                        sparse_route=args.sparse_route, sharded_rows=args.sharded_rows,
+                        allreduce_by_allgather={"on": True, "off": False, "auto": "auto"}[
+                            args.allreduce_by_allgather])
         measured, notes = trials.resolve_counts(
             source, to_meta_graph(graph), analysis, config, layout, Measurements(),
             forget=args.forget_search)
