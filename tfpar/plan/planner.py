@@ -217,7 +217,7 @@ def _allreduce_by_alltoall(variables: List[VariablePlan], config: Config,
            "a sharded gradient's post-processing sums over rows (a global norm reads the "
            "dense gradients combined)"
            if any(g.row_sums for v in sharded for g in v.gradients) else None)
-    if why is None and wanted != True:  # noqa: E712 ("auto")
+    if why is None and wanted is not True:  # "auto"
         sizes = [_allreduced_bytes(v) for v in reduced]
         if links is None or None in sizes:
             why = ("the links were not measured; Config(allreduce_by_allgather=True) turns "
