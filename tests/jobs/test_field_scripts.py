@@ -32,9 +32,9 @@ from tests.support.launch import REPO, WORKERS, horovodrun
 STEPS, BATCH = 3, 4
 SCRIPTS = ("lm1b", "skip_thoughts", "nmt", "ptb", "wide_deep")
 MODES = {"HYBRID": {}, "PS": {"run_mode": "PS"}, "AR": {"run_mode": "AR"}}
-# HYBRID, the sparse variables' rows over the workers, the dense gradients in their
-# all-to-all where the plan can fold them (Config.allreduce_by_allgather)
-SHARDED = {"sparse_route": "sharded", "allreduce_by_allgather": True}
+SHARDED = {"sparse_route": "sharded"}  # HYBRID, the sparse variables' rows over the workers
+# ... and the dense gradients in their all-to-all where the plan can fold them
+SHARDED_FOLDED = {**SHARDED, "allreduce_by_allgather": True}
 EXPECTED_ERRORS = {}  # (script, mode) -> a phrase of the clear error tfpar gives
 WORKER = os.path.join(WORKERS, "field_script.py")
 TWO_HOSTS = "localhost:2,127.0.0.1:2"
@@ -45,7 +45,8 @@ def _spec(out_dir, tf1, mode, scripts):
     path = os.path.join(str(out_dir), "spec.json")
     with open(path, "w") as f:
         json.dump({"tf1": tf1, "scenarios": [
-            {"name": s, "script": s, "config": {**MODES, "SHARDED": SHARDED}[mode],
+            {"name": s, "script": s, "config": {**MODES, "SHARDED": SHARDED,
+                                                 "SHARDED_FOLDED": SHARDED_FOLDED}[mode],
              "steps": STEPS, "batch": BATCH}
             for s in scripts]}, f)
     return path
@@ -163,8 +164,8 @@ def test_field_scripts_with_sharded_rows_equal_single_device(tmp_path, reference
     long = os.environ.get("TFPAR_LONG_TESTS")
     for tf1 in ((True, False) if long else (True,)):
         scripts = SCRIPTS if long else ("wide_deep", "lm1b")
-        check_cells(run_cells(tmp_path / str(tf1), 2, tf1, "SHARDED", references(tf1, 2),
-                              scripts), "SHARDED")
+        check_cells(run_cells(tmp_path / str(tf1), 2, tf1, "SHARDED_FOLDED",
+                              references(tf1, 2), scripts), "SHARDED_FOLDED")
         for script in scripts:
             plan = json.loads(str(np.load(tmp_path / str(tf1) / script / "rank0.npz")["plan"]))
             note = next(n for n in plan["notes"] if n.startswith("dense allreduce in the "))
