@@ -97,6 +97,13 @@ SHARDED_2 = [
     sharded("adam_partitioned_dense_in_alltoall", {"optimizer": "adam", "emb_partitions": 2},
             {"allreduce_by_allgather": True}, vocab=models.PS_VOCAB),
 ]
+# TF1's other optimizers with a sparse apply (RMSProp centred with momentum, Adadelta,
+# the proximal ones, AdagradDA with its global step): each owner of rows (a parameter
+# server, a worker of the sharded rows) runs a copy of the user's own update op.
+OTHER_OPTIMIZERS = ["rmsprop", "adadelta", "proximal_adagrad", "proximal_sgd", "adagrad_da"]
+OPTIMIZERS_2 = ([sharded(o, {"optimizer": o}) for o in OTHER_OPTIMIZERS]
+                + [{**sc(f"servers_{o}", {"optimizer": o, "sparse": True}), "vocab": models.VOCAB}
+                   for o in OTHER_OPTIMIZERS])
 SHARDED_3 = [
     sharded("ftrl", {"optimizer": "ftrl"}),
     sharded("momentum_ref_variables", {"optimizer": "momentum", "use_resource": False}),
@@ -117,7 +124,7 @@ SCENARIOS_3 = [
                                         "clip": 0.05}),
 ]
 
-results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2 + SHARDED_2,
+results2 = job_results("results2", "equivalence2", 2, SCENARIOS_2 + SHARDED_2 + OPTIMIZERS_2,
                        before_servers=True)  # test_sharded_starts_no_server
 
 # 3 workers as two hosts of 2 and 1 (two names of this machine, as in
@@ -179,6 +186,18 @@ def check_sharded(ranks, n, scenario):
 @each_scenario(SHARDED_2)
 def test_sharded_on_two_workers_equals_single_device(results2, scenario):
     check_sharded(check(results2, scenario, 2), 2, scenario)
+
+
+@each_scenario(OPTIMIZERS_2)
+def test_other_optimizers_on_the_owners_of_rows_equal_single_device(results2, scenario):
+    ranks = check(results2, scenario, 2)
+    if scenario["name"].startswith("sharded_"):
+        check_sharded(ranks, 2, scenario)
+    else:
+        plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
+        assert plan["emb"]["route"] == "ps"
+        pushes = json.loads(str(ranks[0]["ps_pushes"]))
+        assert pushes and all(count > 0 for count in pushes.values()), pushes
 
 
 @each_scenario(SHARDED_3)

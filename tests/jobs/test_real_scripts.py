@@ -169,7 +169,7 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
 # The real-script workers below run in one job (tests/support/workers/real_scripts.py),
 # each into its own folder, and their one-device references in one process.
 TOGETHER = ("word2vec", "accumulate", "bert_optimizer", "queues", "loss_scale", "warm_start",
-            "gan", "fine_tune", "late_ops")
+            "gan", "fine_tune", "late_ops", "keras_optimizers")
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +187,23 @@ def _moved(single, start, names, mode):
     """Training changed each of `names` (from the job's initial values)."""
     for name in names:
         assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
+
+
+def test_keras_layers_trained_by_keras_optimizers_equal_single_device(together):
+    """Keras layers (an embedding, two dense) trained in a TF1 graph by Keras's legacy
+    optimizers (Adam, SGD with momentum, FTRL, RMSprop: their own update ops, Adam's
+    sparse update a decay of each whole slot, then a scatter_add of the rows): every worker ends where
+    one device does on both workers' batches, the embedding on the servers (HYBRID, PS),
+    allgathered (AR) and sharded; rtol 1e-5, atol 1e-6."""
+    from tests.support.workers.keras_optimizers import OPTIMIZERS
+    routes = {"HYBRID": "ps", "PS": "ps", "AR": "allgather", "SHARDED": "sharded"}
+    for optimizer in OPTIMIZERS:
+        for mode, route in routes.items():
+            single, ranks = assert_like_one_device(
+                os.path.join(together("keras_optimizers"), optimizer, mode))
+            plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
+            assert plan["embedding/embeddings"]["route"] == route, (optimizer, mode)
+            _moved(single, ranks[0], ("embedding/embeddings", "dense/kernel"), mode)
 
 
 def test_horovods_word2vec_script_equals_single_device_in_every_mode(together):

@@ -16,6 +16,15 @@ OPTIMIZERS = {
     "adagrad": lambda s: tf1.train.AdagradOptimizer(0.1 * s),
     "ftrl": lambda s: tf1.train.FtrlOptimizer(0.1 * s, l1_regularization_strength=0.001,
                                               l2_regularization_strength=0.001),
+    "rmsprop": lambda s: tf1.train.RMSPropOptimizer(0.01 * s, momentum=0.9, centered=True),
+    "adadelta": lambda s: tf1.train.AdadeltaOptimizer(1.0 * s),
+    "proximal_adagrad": lambda s: tf1.train.ProximalAdagradOptimizer(
+        0.1 * s, l1_regularization_strength=0.001, l2_regularization_strength=0.001),
+    "proximal_sgd": lambda s: tf1.train.ProximalGradientDescentOptimizer(
+        0.1 * s, l1_regularization_strength=0.001, l2_regularization_strength=0.001),
+    "adagrad_da": lambda s: tf1.train.AdagradDAOptimizer(
+        0.1 * s, tf1.train.get_or_create_global_step(), l1_regularization_strength=0.001,
+        l2_regularization_strength=0.001),
 }
 
 
