@@ -629,6 +629,24 @@ def test_a_whole_read_of_a_sharded_variable_is_refused_with_the_fix():
         tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded"))
 
 
+def test_a_lookup_inside_a_cond_of_a_sharded_variable_is_refused_naming_the_cond():
+    """A tf.cond takes the variable whole for its branch, whatever the branch reads: the
+    refusal says so (not "a moving average") and names the fix."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf1.placeholder(tf.int64, [None], name="ids")
+        emb = tf1.get_variable("emb", [10, 3])
+        rows = tf.cond(tf.size(ids) > 0, lambda: tf.gather(emb, ids),
+                       lambda: tf.zeros([0, 3]))
+        loss = tf.reduce_sum(tf.square(rows))
+        tf1.train.AdagradOptimizer(0.1).minimize(loss)
+    with pytest.raises(tfpar.NotYetSupportedError,
+                       match=r"'emb' is read by op 'cond' \(If\) in the training step "
+                             r"\(a tf\.cond, tf\.while_loop or function takes it whole.*"
+                             r"sparse_route=\{'emb': 'ps'\}"):
+        tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded"))
+
+
 def test_fed_ids_cannot_go_ahead_and_the_error_says_so():
     """Config(ids_ahead=True) reads the input a step ahead: ids from a feed are refused
     with the fix (tests/runtime/test_ids_ahead.py: the rest)."""

@@ -70,7 +70,7 @@ def _batch_norm(hidden, kind, training=True):
 def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=True,
           init_seed=None, batch=None, emb_partitions=None, shared_embedding=False,
           scale_sparse=False, clip_by_norm=None, second_update=False, ema=False,
-          decoder=False, batch_norm=False, clip_values=None):
+          decoder=False, batch_norm=False, clip_values=None, partition_strategy="div"):
     """An MLP (optionally with an embedding input) and its training step.
 
     emb_partitions: make the embedding (PS_VOCAB rows) a partitioned variable of that many
@@ -112,7 +112,7 @@ def build(optimizer="sgd", reduce="mean", clip=None, sparse=False, use_resource=
             emb = tf1.get_variable("emb", [PS_VOCAB if emb_partitions else VOCAB, IN],
                                    use_resource=use_resource, partitioner=partitioner,
                                    initializer=tf1.random_normal_initializer(stddev=0.5))
-            h = h + tf1.nn.embedding_lookup(emb, ids, partition_strategy="div")
+            h = h + tf1.nn.embedding_lookup(emb, ids, partition_strategy=partition_strategy)
         if shared_embedding:
             shared = tf1.get_variable("shared", [SHARED_VOCAB, IN], use_resource=use_resource,
                                       initializer=tf1.random_normal_initializer(stddev=0.5))

@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar.errors import NotYetSupportedError
+from tfpar.graph.analysis import FUNCTIONAL
 from tfpar.graph.naming import safe_name
 from tfpar.graph.op_index import OpsByPrefix
 from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops, upstream
@@ -51,6 +52,9 @@ from tfpar.transform import collectives, packed, surgery
 from tfpar.transform.input_ahead import InputAhead
 from tfpar.transform.outside_uses import OutsideUses, initialisers
 from tfpar.transform.tiled import TILES, initial_value, new_tile
+
+# Ops that take a variable whole for a function body or a TF1 loop frame or branch.
+_CONTROL_FLOW = frozenset(FUNCTIONAL) | {"Enter", "RefEnter", "Switch", "RefSwitch"}
 
 
 
@@ -229,11 +233,15 @@ class _Sharded:
                                          use_resource=self.resource)
 
     def _refuse(self, op, where="in the training step"):
+        # A function call or TF1 loop takes the whole variable, whatever its body reads.
+        why = ("a tf.cond, tf.while_loop or function takes it whole, even for a lookup in "
+               "its body" if op.type in _CONTROL_FLOW else
+               "an ExponentialMovingAverage of it, or another whole read")
         raise NotYetSupportedError(
-            f"variable {self.v.name!r} is read by op {op.name!r} ({op.type}) {where} (an "
-            "ExponentialMovingAverage of it, or another whole read); route 'sharded' "
-            "supports lookups of its rows (embedding_lookup, gather) only: route it to the "
-            f"parameter servers, tfpar.Config(sparse_route={{{self.v.name!r}: 'ps'}})")
+            f"variable {self.v.name!r} is read by op {op.name!r} ({op.type}) {where} "
+            f"({why}); route 'sharded' supports lookups of its rows (embedding_lookup, "
+            "gather) outside control flow only: route it to the parameter servers, "
+            f"tfpar.Config(sparse_route={{{self.v.name!r}: 'ps'}})")
 
     # -- backward and update -----------------------------------------------------------------
     def _prepare(self, i: int, g) -> tf.Tensor:
