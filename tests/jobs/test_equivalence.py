@@ -99,11 +99,16 @@ SHARDED_2 = [
 ]
 # TF1's other optimizers with a sparse apply (RMSProp centred with momentum, Adadelta,
 # the proximal ones, AdagradDA with its global step): each owner of rows (a parameter
-# server, a worker of the sharded rows) runs a copy of the user's own update op.
+# server, a worker of the sharded rows) runs a copy of the user's own update op. And a
+# partitioned table looked up with TF1's default partition_strategy="mod" (row i in
+# piece i % 3, each piece's rows again split over the owners).
 OTHER_OPTIMIZERS = ["rmsprop", "adadelta", "proximal_adagrad", "proximal_sgd", "adagrad_da"]
+MOD_LOOKUP = {"optimizer": "adam", "emb_partitions": 3, "partition_strategy": "mod"}
 OPTIMIZERS_2 = ([sharded(o, {"optimizer": o}) for o in OTHER_OPTIMIZERS]
                 + [{**sc(f"servers_{o}", {"optimizer": o, "sparse": True}), "vocab": models.VOCAB}
-                   for o in OTHER_OPTIMIZERS])
+                   for o in OTHER_OPTIMIZERS]
+                + [sharded("adam_partitioned_mod", MOD_LOOKUP, vocab=models.PS_VOCAB),
+                   {**sc("servers_adam_partitioned_mod", MOD_LOOKUP), "vocab": models.PS_VOCAB}])
 SHARDED_3 = [
     sharded("ftrl", {"optimizer": "ftrl"}),
     sharded("momentum_ref_variables", {"optimizer": "momentum", "use_resource": False}),
@@ -195,7 +200,8 @@ def test_other_optimizers_on_the_owners_of_rows_equal_single_device(results2, sc
         check_sharded(ranks, 2, scenario)
     else:
         plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}
-        assert plan["emb"]["route"] == "ps"
+        sparse = [v for v in plan.values() if v["kind"] == "sparse" and v["role"] == "trained"]
+        assert sparse and all(v["route"] == "ps" for v in sparse), plan
         pushes = json.loads(str(ranks[0]["ps_pushes"]))
         assert pushes and all(count > 0 for count in pushes.values()), pushes
 
