@@ -368,8 +368,9 @@ def test_sharded_rows_are_dealt_out_modulo_unless_ranges_are_asked_or_measured_b
 
 
 def test_sharded_route_refusals():
-    """What route "sharded" cannot do exactly is refused with the fix: a dense update of a
-    sparse variable, fewer rows than workers, a mode other than HYBRID."""
+    """What route "sharded" cannot do exactly is refused with the fix where a variable is
+    named to it: a dense update of a sparse variable, fewer rows than workers; and a mode
+    other than HYBRID."""
     g = tf.Graph()
     with g.as_default():
         emb = tf1.get_variable("emb", [10, 3], use_resource=True)
@@ -382,7 +383,13 @@ def test_sharded_route_refusals():
                   parse_resources("localhost:2"))
     graph, _ = models.build(sparse=True, optimizer="sgd", batch=8)
     with pytest.raises(tfpar.TfparError, match="cannot shard 'emb'"):
-        make_plan(analyse(graph), tfpar.Config(sparse_route="sharded"),
+        make_plan(analyse(graph), tfpar.Config(sparse_route={"emb": "sharded"}),
                   parse_resources("localhost:21"))
+    # Under the global route such a table takes the allgather (no server), with a note.
+    plan = make_plan(analyse(graph), tfpar.Config(sparse_route="sharded"),
+                     parse_resources("localhost:21"))
+    assert plan.variable("emb").route == "allgather"
+    assert "emb: allgather, not sharded rows: it needs a static number of rows, at least " \
+           "one a worker" in plan.notes
     with pytest.raises(tfpar.TfparError, match="only HYBRID mode mixes"):
         tfpar.Config(run_mode="AR", sparse_route="sharded")

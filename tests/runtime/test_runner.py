@@ -615,8 +615,8 @@ def test_a_moving_average_of_a_sharded_variable_is_split_with_it():
 def test_a_whole_read_of_a_sharded_variable_is_refused_with_the_fix():
     """Route "sharded" supports lookups of a variable's rows and its moving averages: a
     read of it whole after the step (a sum written into another variable) is refused
-    before anything runs, naming the variable and the dict form that routes it to the
-    servers."""
+    before anything runs where the variable is named to it, naming the variable and the
+    route that takes it; under the global route it takes the allgather instead."""
     graph, h = models.build(optimizer="adagrad", sparse=True)
     with graph.as_default():
         emb = next(v for v in tf1.global_variables() if v.op.name == "emb")
@@ -626,25 +626,61 @@ def test_a_whole_read_of_a_sharded_variable_is_refused_with_the_fix():
     with pytest.raises(tfpar.NotYetSupportedError,
                        match=r"'emb' is read by op .*total_of_emb.* after the "
                              r"training step.*sparse_route=\{'emb': 'ps'\}"):
-        tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded"))
+        tfpar.get_runner(graph, config=tfpar.Config(sparse_route={"emb": "sharded"}))
+
+
+def _lookup_in_a_cond():
+    """An embedding looked up inside a tf.cond's branch, another outside: (graph, ids,
+    train_op)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(3)
+        ids = tf1.placeholder(tf.int64, [None], name="ids")
+        emb = tf1.get_variable("emb", [10, 3])
+        other = tf1.get_variable("other", [10, 3])
+        rows = tf.cond(tf.size(ids) > 0, lambda: tf.gather(emb, ids),
+                       lambda: tf.zeros([0, 3]))
+        loss = tf.reduce_sum(tf.square(rows * tf.gather(other, ids)))
+        train = tf1.train.AdagradOptimizer(0.1).minimize(loss)
+    return graph, ids, train
 
 
 def test_a_lookup_inside_a_cond_of_a_sharded_variable_is_refused_naming_the_cond():
     """A tf.cond takes the variable whole for its branch, whatever the branch reads: the
-    refusal says so (not "a moving average") and names the fix."""
-    graph = tf.Graph()
-    with graph.as_default():
-        ids = tf1.placeholder(tf.int64, [None], name="ids")
-        emb = tf1.get_variable("emb", [10, 3])
-        rows = tf.cond(tf.size(ids) > 0, lambda: tf.gather(emb, ids),
-                       lambda: tf.zeros([0, 3]))
-        loss = tf.reduce_sum(tf.square(rows))
-        tf1.train.AdagradOptimizer(0.1).minimize(loss)
+    refusal (the variable named to route "sharded") says so, not "a moving average", and
+    names the fix."""
+    graph, _, _ = _lookup_in_a_cond()
     with pytest.raises(tfpar.NotYetSupportedError,
                        match=r"'emb' is read by op 'cond' \(If\) in the training step "
                              r"\(a tf\.cond, tf\.while_loop or function takes it whole.*"
                              r"sparse_route=\{'emb': 'ps'\}"):
-        tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded"))
+        tfpar.get_runner(graph, config=tfpar.Config(sparse_route={"emb": "sharded",
+                                                                  "other": "sharded"}))
+
+
+def test_under_the_global_sharded_route_a_table_it_cannot_split_takes_the_allgather():
+    """sparse_route="sharded" for every table: the one a tf.cond looks up takes the
+    allgather (no server: a job asked to shard opens no port), the plan says why, the
+    other is sharded, and training equals a plain session's."""
+    feeds = [np.array([1, 4, 4, 7]), np.array([0, 9, 4])]
+    graph, ids, train = _lookup_in_a_cond()
+    with graph.as_default(), tf1.Session(graph=graph) as session:
+        session.run(tf1.global_variables_initializer())
+        for f in feeds:
+            session.run(train, {ids: f})
+        want = session.run(tf1.trainable_variables())
+    graph, ids, train = _lookup_in_a_cond()
+    with tfpar.get_runner(graph, config=tfpar.Config(sparse_route="sharded")) as runner:
+        assert runner.plan.variable("emb").route == "allgather"
+        assert runner.plan.variable("other").route == "sharded"
+        assert any(n.startswith("emb: allgather, not sharded rows: op 'cond' reads the whole "
+                                "variable") for n in runner.plan.notes), runner.plan.notes
+        for f in feeds:
+            runner.run(train, {ids: f})
+        with graph.as_default():
+            got = runner.run(tf1.trainable_variables())
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
 def test_fed_ids_cannot_go_ahead_and_the_error_says_so():

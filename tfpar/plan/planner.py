@@ -311,7 +311,7 @@ def _routes(analysis: GraphAnalysis, config: Config, layout: Layout, measured: M
                                    dict(measured.duplicates), measured)
     if density is not None and measured.routes:
         density = _with_trial_routes(density, measured)
-    sparse_routes = _sparse_routes(analysis, config, density, notes)
+    sparse_routes = _sparse_routes(analysis, config, density, notes, layout.num_workers)
     if density is not None:
         if density.trials_remembered:
             notes.append("route trials remembered from an earlier job of this graph and "
@@ -542,9 +542,12 @@ def decide_aggregation(plan: Plan, analysis: GraphAnalysis, duplicates: Dict[str
 
 
 def _sparse_routes(analysis: GraphAnalysis, config: Config,
-                   density: Optional[routing.Routing], notes: List[str]) -> Dict[str, str]:
-    """{sparse trained variable: "ps" | "allreduce" | "allgather"} in HYBRID mode (empty
-    otherwise)."""
+                   density: Optional[routing.Routing], notes: List[str],
+                   n: int) -> Dict[str, str]:
+    """{sparse trained variable: "ps" | "allreduce" | "allgather" | "sharded"} in HYBRID
+    mode (empty otherwise). A variable named in the dict form gets its route or an error;
+    under a global route, one that route cannot take exactly gets a replicated one, with a
+    note."""
     if config.run_mode != "HYBRID":
         return {}
     sparse = [v for v in analysis.trained if v.kind == "sparse"]
@@ -571,6 +574,13 @@ def _sparse_routes(analysis: GraphAnalysis, config: Config,
             # A replicated route runs the user's update as it is, on every worker.
             routes[v.name] = "allgather" if problem else "allreduce"
             notes.append(f"{v.name}: {routes[v.name]}, as {replicated}")
+            continue
+        unshardable = _unshardable(v, n)
+        if unshardable and v.name not in forced and wanted == "sharded":
+            # The allgather, not the servers: a job asked to shard its tables opens no
+            # port for them.
+            routes[v.name] = "allgather"
+            notes.append(f"{v.name}: allgather, not sharded rows: {unshardable}")
             continue
         servers = _ps_problem(v)
         if servers and v.name not in forced and wanted in ("ps", None) and \
@@ -742,18 +752,28 @@ def _sharded_way(name: str, config: Config, owner_rows) -> str:
     return "ranges" if asked and asked["ranges"] < asked["modulo"] else "modulo"
 
 
-def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
-    """Why route "sharded" cannot take `v` (None: it can). The rewrite refuses the same."""
+def _unshardable(v: VariableInfo, n: int) -> Optional[str]:
+    """Why `v`'s rows cannot be split over `n` workers, whatever the update (None: they
+    can)."""
     if not v.shape or v.shape[0] is None or v.shape[0] < n:
         return "it needs a static number of rows, at least one a worker"
+    if v.other_reads:
+        return (f"op {v.other_reads[0]!r} reads the whole variable (as does a tf.cond, a "
+                "loop or a function that looks it up)")
+    return None
+
+
+def _sharded_problem(v: VariableInfo, config: Config, n: int) -> Optional[str]:
+    """Why route "sharded" cannot take `v` (None: it can). The rewrite refuses the same."""
+    unshardable = _unshardable(v, n)
+    if unshardable:
+        return unshardable
     replicated = _replicated_only(v)
     if replicated:
         return replicated
     for u in v.updates:
         if u.gradient.inexact:
             return u.gradient.inexact
-    if v.other_reads:
-        return f"op {v.other_reads[0]!r} reads the whole variable"
     if config.checkpoint_every_secs:
         return "Config.checkpoint_every_secs cannot save sharded variables"
     return None
