@@ -38,6 +38,11 @@ STUCK = {  # the first-step bound names where each worker waits
                               WORKER.format(r=1) + r" is in a read from the parameter servers"],
     ("stuck_collective", "AR"): [WORKER.format(r=0) + r" is in a collective with the other "
                                  r"workers", WORKER.format(r=1) + r" is in its own code, outside any training step"],
+    # The sharded rows' first all-to-all waits for the worker that is not there.
+    ("stuck_collective", "SHARDED"): [WORKER.format(r=0) + r" is in a collective with the "
+                                      r"other workers \(this step's Horovod allreduce, "
+                                      r"allgather or all-to-all",
+                                      WORKER.format(r=1) + r" is in its own code"],
 }
 
 
@@ -61,9 +66,11 @@ def _run(jobs, case, mode):
 
 
 # The arrival check runs before the mode matters: HYBRID alone covers it.
+# And the sharded rows, whose steps wait in all-to-alls: a worker whose input ends early.
 @pytest.mark.parametrize("case, mode", [(c, m) for c in sorted(CASES) for m in ("HYBRID", "AR")
                                         if (c, m) not in (("one_rank", "AR"),
-                                                          ("chief_only_read", "AR"))])
+                                                          ("chief_only_read", "AR"))]
+                         + [("uneven_dataset", "SHARDED")])
 def test_misuse_ends_the_job_naming_the_cause(jobs, case, mode):
     proc, marker = _run(jobs, case, mode)
     assert proc.returncode != 0, proc.stdout[-4000:]
@@ -86,7 +93,7 @@ def test_equal_input_ends_cleanly(jobs, mode):
     assert processes_running(marker) == []
 
 
-@pytest.mark.parametrize("case, mode", sorted(STUCK), ids=[c for c, _ in sorted(STUCK)])
+@pytest.mark.parametrize("case, mode", sorted(STUCK), ids=[f"{c}-{m}" for c, m in sorted(STUCK)])
 def test_a_stuck_first_step_names_where_each_worker_waits(jobs, case, mode):
     """Config.first_step_deadline (20 s here, liveness timeout 60 s) ends a first step that
     waits forever, and the message says which stage each worker is in."""

@@ -14,9 +14,9 @@ import tensorflow as tf
 # name -> what a step that has not passed that stage waits for, in the order steps pass them
 STAGES = {
     "read": "a read from the parameter servers (this step's PS reads have not all returned)",
-    "joined": "a collective with the other workers (this step's Horovod allreduce or "
-              "allgather has not completed: a worker that has not joined it, or compute "
-              "before it)",
+    "joined": "a collective with the other workers (this step's Horovod allreduce, "
+              "allgather or all-to-all has not completed: a worker that has not joined it, "
+              "or compute before it)",
     "pushed": "a push of its gradients to the parameter servers",
     "applied": "the chief's update on the parameter servers (it takes every worker's push "
                "of this step)",

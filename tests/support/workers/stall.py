@@ -1,6 +1,7 @@
 """A horovodrun worker that misuses a job in a way that used to hang it.
 
-usage: stall.py CASE RUN_MODE
+usage: stall.py CASE MODE     (MODE: a run mode, or SHARDED: HYBRID with the embedding's
+                              rows sharded over the workers)
 
 Cases (liveness timeout 5 s):
   one_rank: only rank 0 calls tfpar.get_runner (rank 1 sleeps).
@@ -32,8 +33,10 @@ tf.compat.v1.disable_eager_execution()
 case, mode = sys.argv[1], sys.argv[2]
 rank = int(os.environ["HOROVOD_RANK"])
 stuck = case.startswith("stuck_")
-config = tfpar.Config(run_mode=mode, liveness_timeout=60.0 if stuck else 5.0,
-                      sparse_route="sharded" if case == "chief_only_read" else "ps",
+sharded = case == "chief_only_read" or mode == "SHARDED"
+config = tfpar.Config(run_mode="HYBRID" if mode == "SHARDED" else mode,
+                      liveness_timeout=60.0 if stuck else 5.0,
+                      sparse_route="sharded" if sharded else "ps",
                       step_deadline=4.0 if case == "slow_worker" else 600.0,
                       first_step_deadline=20.0 if stuck else 120.0)
 batches = 3 if case == "uneven_dataset" and rank == 1 else 6
