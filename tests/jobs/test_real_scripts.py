@@ -169,7 +169,7 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
 # The real-script workers below run in one job (tests/support/workers/real_scripts.py),
 # each into its own folder, and their one-device references in one process.
 TOGETHER = ("word2vec", "accumulate", "bert_optimizer", "queues", "loss_scale", "warm_start",
-            "gan", "fine_tune", "late_ops", "keras_optimizers")
+            "gan", "fine_tune", "late_ops", "keras_optimizers", "ptb_tutorial")
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +187,35 @@ def _moved(single, start, names, mode):
     """Training changed each of `names` (from the job's initial values)."""
     for name in names:
         assert not np.allclose(single[f"final/{name}"], start[f"init/{name}"]), (mode, name)
+
+
+def test_the_ptb_tutorial_with_its_supervisor_ported_equals_single_device(together):
+    """TensorFlow's PTB tutorial as written (ptb_producer's queues; Train, Valid and Test
+    models sharing the variables; the learning rate assigned between epochs; the LSTM
+    state fetched from and fed back into the zero_state tensors; dict fetches; summaries
+    of the losses), its Supervisor replaced by tfpar.MonitoredTrainingSession: every
+    worker ends where one device does in TF's MonitoredTrainingSession on both workers'
+    corpora (rtol 1e-5, atol 1e-6), the workers' mean log perplexity is one device's
+    (train, valid and test, rtol 1e-5), and the chief's last checkpoint holds the
+    single-device model; HYBRID, AR and sharded. (Before, in HYBRID and AR the chief's
+    first summary took a batch from its queue alone, and the workers trained on batches
+    out of step with one device's.)"""
+    from tests.support.workers.ptb_tutorial import MODES
+    for mode in MODES:
+        folder = os.path.join(together("ptb_tutorial"), mode)
+        single, ranks = assert_like_one_device(folder)
+        one = np.load(os.path.join(folder, "perplexities_single.npz"))
+        each = [np.load(os.path.join(folder, f"perplexities_rank{r}.npz")) for r in range(2)]
+        for key in ("train_ppl", "valid_ppl", "test_ppl"):
+            mean_log = np.mean([np.log(got[key]) for got in each], axis=0)
+            np.testing.assert_allclose(mean_log, np.log(one[key]), rtol=1e-5,
+                                       err_msg=f"{mode}: {key}")
+        assert int(single["final/Model/global_step"]) == 20  # 2 epochs of 10 steps
+        _moved(single, ranks[0], ("Model/embedding", "Model/softmax_w"), mode)
+        saved = tf.train.load_checkpoint(os.path.join(folder, "logdir"))
+        for key in (k for k in single.files if k.startswith("final/")):
+            np.testing.assert_allclose(saved.get_tensor(key[len("final/"):]), single[key],
+                                       rtol=1e-5, atol=1e-6, err_msg=f"{mode}: {key}")
 
 
 def test_keras_layers_trained_by_keras_optimizers_equal_single_device(together):

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfpar.errors import TfparError
+from tfpar.graph.inputs import takes_input
 from tfpar.plan.config import Config
 from tfpar.runtime import job
 from tfpar.runtime.checkpoint import checkpoint_folder
@@ -158,7 +159,9 @@ class AgreedSummarySaverHook(train.SessionRunHook):
     (`wants_next`: TF's timer, read at the end of a run rather than the start of the
     next), every worker learns it in the session's agreement after the run, and the
     other workers fetch the summaries in the same runs when they take part in a
-    collective, and discard them. Without an output folder it only follows."""
+    collective, or take a batch from the input (a summary of the loss: each worker's
+    input must move on as one device's does), and discard them. Without an output folder
+    it only follows."""
 
     def __init__(self, summary_op, output_dir: Optional[str] = None,
                  save_steps: Optional[int] = None, save_secs: Optional[float] = None):
@@ -178,7 +181,8 @@ class AgreedSummarySaverHook(train.SessionRunHook):
     def follow(self, runner, first: bool):
         """After the rewrite: whether the others must run the summaries with the chief, and
         whether the first run does (the chief writes summaries)."""
-        self._fetch = self.writes or runner.waits_for_every_worker(self._op)
+        self._fetch = (self.writes or runner.waits_for_every_worker(self._op)
+                       or (self._op is not None and takes_input([self._op])))
         self.agreed = first
 
     def wants_next(self) -> bool:
