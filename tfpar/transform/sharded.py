@@ -309,6 +309,11 @@ class _Sharded:
                         mapping[c.outputs[0]] = var.value()
         copies = surgery.clone_ops(ops, mapping, f"{name}/apply/", lambda op, ins: op.device,
                                    strip_prefix=g.scope)
+        # Every op of the update waits for the gradient, as on the other routes: Adam's
+        # decay of its slot (an assign that reads no gradient) must not run in a step whose
+        # input ended (OutOfRangeError) and trained nothing else.
+        for copy in copies.values():
+            surgery.add_control_inputs(copy, [total.op])
         sinks = [c for o, c in copies.items()
                  if not any(x in copies for t in o.outputs for x in t.consumers())
                  and not any(o in x.control_inputs for x in copies)]
