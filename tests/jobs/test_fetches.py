@@ -1,7 +1,8 @@
 """Runner.run fetches and feeds whatever a plain tf.compat.v1.Session does, with its results
 (tests/support/workers/fetches.py): assign-family results of resource (TF2) and reference (TF1)
 variables on a replicated, an allreduced, a parameter-server and a sharded variable,
-`tf.group`, an assignment's op, IndexedSlices, SparseTensor and string fetches, in HYBRID
+`tf.group`, an assignment's op, IndexedSlices, SparseTensor and string fetches, a norm
+over every gradient (one device's: of the workers' gradients combined), in HYBRID
 and PS modes and with the sparse variable's rows sharded over the workers (an assignment
 of a sharded variable writes every worker's rows; workers that assign different values
 are refused, nothing written), on 2 workers. Values agree within fp32 rounding (rtol 1e-6)."""
@@ -55,6 +56,7 @@ def test_fetches_equal_a_plain_session(tmp_path, tf1):
             assert compared["string"][0] == compared["string"][1]
             # partial writes of the embedding were fetched, and its rows after them
             assert {"scatter_emb", "row_assign_emb", "scatter_nd_emb"} <= set(compared)
+            assert "gradient_norm" in compared  # one device's norm, not the worker's
             if mode == "SHARDED":
                 assert {"scatter_add_emb", "different_values_scatter_nd_emb",
                         "different_values_scatter_add_emb"} <= set(compared)

@@ -61,6 +61,9 @@ def build(sharded=False):
             "sparse": tf.sparse.from_dense(tf.cast(tf.reshape(ids, [1, -1]) > 4, tf.int32)),
             "string": tf.strings.as_string(counter),
             "loss": loss,
+            # A norm over every gradient, not read by the update (logged, say): one
+            # device's, of the workers' gradients combined.
+            "gradient_norm": tf.linalg.global_norm([g for g, _ in grads]),
             # A whole read of each variable outside the training step (as an eval does).
             "sums": [tf.reduce_sum(emb * 1.0), tf.reduce_sum(w * 1.0)],
         }
@@ -73,7 +76,7 @@ def build(sharded=False):
         if sharded:  # on the servers every worker's add would be applied: refused there
             h["assign_add_emb"] = tf1.assign_add(emb, new_emb)
             h["scatter_add_emb"] = tf1.scatter_add(emb, [1, 8, 1], new_emb[:3])
-        h["train"], h["vars"] = train, [emb, w, lr, counter, step]
+        h["train"], h["vars"], h["grads"] = train, [emb, w, lr, counter, step], grads
     return graph, h
 
 
@@ -142,6 +145,18 @@ def main(out_dir):
             # A write's result read back from the servers would show the next write of a
             # worker ahead (as any read of them between steps does): in step, as a step is.
             job.allgather_strings(key)
+        # The gradients' norm: one device's on both workers' batches. Its dense gradient
+        # is the mean of the two workers'; its sparse one holds both workers' rows, each
+        # halved (a mean over twice the examples), and global_norm squares them unsummed.
+        squares = 0.0
+        each = [session.run([g for g, _ in p["grads"]], feeds(plain_graph, r)) for r in range(2)]
+        for parts in zip(*each):
+            if hasattr(parts[0], "indices"):  # IndexedSlicesValue
+                squares += sum(np.sum(np.square(x.values / 2.0, dtype=np.float64)) for x in parts)
+            else:
+                squares += np.sum(np.square((parts[0] + parts[1]) / 2.0, dtype=np.float64))
+        compared["gradient_norm"] = [
+            _plain(runner.run(h["gradient_norm"], feeds(graph, rank))), float(np.sqrt(squares))]
         # The variables after those assignments (read whole from wherever they live).
         compared["variables"] = [_plain(runner.run(h["vars"][:4])),
                                  _plain(session.run(p["vars"][:4]))]
