@@ -226,7 +226,8 @@ def test_epochs_ended_by_out_of_range_train_nothing_in_their_last_run(together):
     ran the epochs' steps alone (rtol 1e-5, atol 1e-6), with the embedding on the
     servers, allgathered and sharded. (Before, the sharded rows' copy of Adam's update
     decayed its first moment in that run, as TF's own sparse Adam does on one device.)"""
-    for mode in ("HYBRID", "PS", "AR", "SHARDED"):
+    from tests.support.workers.epochs import MODES
+    for mode in MODES:
         single, ranks = assert_like_one_device(os.path.join(together("epochs"), mode))
         assert int(single["final/global_step"]) == 18  # 3 epochs of 24 / 4 examples
         _moved(single, ranks[0], ("emb", "emb/Adam", "w"), mode)
@@ -236,12 +237,13 @@ def test_keras_layers_trained_by_keras_optimizers_equal_single_device(together):
     """Keras layers (an embedding, two dense) trained in a TF1 graph by Keras's legacy
     optimizers (Adam, SGD with momentum, FTRL, RMSprop: their own update ops, Adam's
     sparse update a decay of each whole slot, then a scatter_add of the rows): every worker ends where
-    one device does on both workers' batches, the embedding on the servers (HYBRID, PS),
-    allgathered (AR) and sharded; rtol 1e-5, atol 1e-6."""
-    from tests.support.workers.keras_optimizers import OPTIMIZERS
+    one device does on both workers' batches, the embedding on the servers (HYBRID; and
+    PS mode for Adam), allgathered (AR) and sharded; rtol 1e-5, atol 1e-6."""
+    from tests.support.workers.keras_optimizers import OPTIMIZERS, modes
     routes = {"HYBRID": "ps", "PS": "ps", "AR": "allgather", "SHARDED": "sharded"}
     for optimizer in OPTIMIZERS:
-        for mode, route in routes.items():
+        for mode in modes(optimizer):
+            route = routes[mode]
             single, ranks = assert_like_one_device(
                 os.path.join(together("keras_optimizers"), optimizer, mode))
             plan = {v["name"]: v for v in json.loads(str(ranks[0]["plan"]))["variables"]}

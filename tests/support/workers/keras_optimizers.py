@@ -6,8 +6,7 @@ embedding's rows, Adam's is an assign of each whole slot times its decay, then a
 
 usage: horovodrun -np N ... python keras_optimizers.py OUT_DIR
        python keras_optimizers.py OUT_DIR --single N
-Writes OUT_DIR/<optimizer>/<mode>/rank<r>.npz or single.npz for every mode
-(`one_device.EVERY_MODE`: the embedding on the servers, allgathered, sharded).
+Writes OUT_DIR/<optimizer>/<mode>/rank<r>.npz or single.npz for its modes (`modes`).
 """
 import os
 
@@ -55,10 +54,16 @@ def train(run, h, rank, n, width):
         run(h["train"], {h["ids"]: ids[mine], h["y"]: y[mine]})
 
 
+def modes(optimizer):
+    """Every mode for Adam; the embedding on the servers, allgathered and sharded for the
+    others (PS mode differs from HYBRID in the dense layers only)."""
+    return {m: c for m, c in one_device.EVERY_MODE.items() if optimizer == "adam" or m != "PS"}
+
+
 def main(out, single=None):
     tf1.disable_eager_execution()
     for optimizer in OPTIMIZERS:
-        one_device.run_modes(os.path.join(out, optimizer), single, one_device.EVERY_MODE,
+        one_device.run_modes(os.path.join(out, optimizer), single, modes(optimizer),
                              lambda: build(optimizer), train, BATCH,
                              extra=lambda runner: {"plan": np.array(runner.plan.to_json())})
 
