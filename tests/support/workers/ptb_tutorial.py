@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests.support import one_device  # noqa: E402
+from tests.support.workers.queues import ptb_producer  # noqa: E402  (reader.py's, as written)
 
 tf1 = tf.compat.v1
 MODES = {"HYBRID": {}, "AR": {"run_mode": "AR"}, "SHARDED": {"sparse_route": "sharded"}}
@@ -65,27 +66,6 @@ def parts_of(worker):
     its batches (2, 2 and 1 rows), so that the workers' corpora together reshape into
     their rows one under the other, as each worker's batches are in the global one."""
     return tuple(corpus(3 * worker + k, 62 if k == 0 else 26) for k in range(3))
-
-
-def ptb_producer(raw_data, batch_size, num_steps, name=None):
-    """reader.py's, as written."""
-    with tf1.name_scope(name, "PTBProducer", [raw_data, batch_size, num_steps]):
-        raw_data = tf.convert_to_tensor(raw_data, name="raw_data", dtype=tf.int32)
-        data_len = tf.size(raw_data)
-        batch_len = data_len // batch_size
-        data = tf.reshape(raw_data[0: batch_size * batch_len], [batch_size, batch_len])
-        epoch_size = (batch_len - 1) // num_steps
-        assertion = tf1.assert_positive(
-            epoch_size, message="epoch_size == 0, decrease batch_size or num_steps")
-        with tf.control_dependencies([assertion]):
-            epoch_size = tf.identity(epoch_size, name="epoch_size")
-        i = tf1.train.range_input_producer(epoch_size, shuffle=False).dequeue()
-        x = tf.strided_slice(data, [0, i * num_steps], [batch_size, (i + 1) * num_steps])
-        x.set_shape([batch_size, num_steps])
-        y = tf.strided_slice(data, [0, i * num_steps + 1],
-                             [batch_size, (i + 1) * num_steps + 1])
-        y.set_shape([batch_size, num_steps])
-        return x, y
 
 
 class PTBInput:
