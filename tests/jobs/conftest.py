@@ -14,7 +14,7 @@ EMULATED = {"tests.jobs.test_emulated_hosts", "tests.jobs.test_recovery"}
 # order (--no-loadscope-reorder) measured no faster (24:40 against 22:34-23:57).
 COST = {"shared jobs": 230, "emulated cluster": 260, "tests.jobs.test_field_scripts": 170,
         "tests.jobs.test_real_scripts": 160, "tests.jobs.test_tiled_rewrite": 130,
-        "tests.jobs.test_readme_commands": 105}
+        "tests.jobs.test_readme_commands": 105, "tests.jobs.test_training_loops": 90}
 
 
 # First: pytest-xdist's own hook copies the groups into the tests' ids, and runs before a
