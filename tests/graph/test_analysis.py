@@ -198,6 +198,36 @@ def test_gradients_accumulated_over_runs_are_the_updates_gradient():
         analyse(g)
 
 
+def test_gradients_fed_through_placeholders_are_the_updates_gradient():
+    """Gradients fetched in one run and fed to apply_gradients in another: the fed
+    placeholders are the raw gradients (an embedding's as the values and indices of
+    IndexedSlices, a dense one as an array, clipped after the feed), while a fed learning
+    rate is not, nor a placeholder a user's own assign writes into a variable."""
+    g = tf.Graph()
+    with g.as_default():
+        ids = tf1.placeholder(tf.int64, [None])
+        emb = tf1.get_variable("emb", [10, 3])
+        w = tf1.get_variable("w", [3, 1])
+        loss = tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(emb, ids), w))
+        lr = tf1.placeholder(tf.float32, [], name="lr")
+        opt = tf1.train.AdamOptimizer(lr)
+        opt.compute_gradients(loss, [emb, w])
+        rows = tf1.placeholder(tf.float32, [None, 3], name="rows")
+        row_ids = tf1.placeholder(tf.int64, [None], name="row_ids")
+        dense = tf1.placeholder(tf.float32, [3, 1], name="dense")
+        fed = [tf.IndexedSlices(rows, row_ids, tf.constant([10, 3])), dense]
+        clipped, _ = tf.clip_by_global_norm(fed, 1.0)
+        opt.apply_gradients(zip(clipped, [emb, w]))
+        emb.assign(tf1.placeholder(tf.float32, [10, 3], name="pretrained"))
+    analysis = analyse(g)
+    sparse = analysis.variable("emb").updates[0].gradient
+    assert (sparse.kind, sparse.values, sparse.indices) == ("sparse", "rows:0", "row_ids:0")
+    assert sparse.post_processed and sparse.row_sums  # the clipping's norm over the rows
+    dense_gradient = analysis.variable("w").updates[0].gradient
+    assert (dense_gradient.kind, dense_gradient.values) == ("dense", "dense:0")
+    assert len(analysis.variable("emb").updates) == 1  # the pretrained assign is none
+
+
 def test_unknown_update_op_is_named():
     g = tf.Graph()
     with g.as_default():

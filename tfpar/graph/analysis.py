@@ -252,12 +252,14 @@ class _Analyser:
         self.by_prefix = OpsByPrefix(graph)
         scope_re = re.compile(gradient_scope)
         self.region: Set[tf.Operation] = {op for op in self.ops if scope_re.search(op.name)}
+        self._library = None
         with graph.as_default():  # Variable.to_proto needs graph mode
             self.collection_vars = self._collection_variables()
         # Gradients accumulated over runs: a read of an accumulator is a raw gradient.
         self.region |= self._accumulator_reads()
+        # Gradients fetched in one run and fed back to apply_gradients in another.
+        self.region |= self._fed_gradients()
         self.after_grad = self._descendants(self.region)
-        self._library = None
 
     def _accumulator_reads(self) -> Set[tf.Operation]:
         """The reads of gradient accumulators that an optimizer update takes its gradient
@@ -291,6 +293,57 @@ class _Analyser:
                 if updates and not row_reads.upstream(inputs) & self.region:
                     reads.add(read)
         return reads
+
+    def _fed_gradients(self) -> Set[tf.Operation]:
+        """The placeholders a script feeds gradients through: it fetches the gradients in
+        one run (or computes them in numpy) and feeds them to `apply_gradients` in another,
+        as Horovod's optimizer allows. A placeholder counts when its value reaches an
+        optimizer's update of a trained variable (the ops of its `update_<var>/` scope, or
+        one apply op) that reads no gradient of its own run, and its shape is the
+        gradient's: the variable's (dense), its rows' (`IndexedSlices` values) or a vector
+        of integers (their indices). The update then applies the fed value, which tfpar
+        combines over the workers as the gradient of each worker's batch."""
+        found: Set[tf.Operation] = set()
+        done: Set[str] = set()
+        for var in (op for op in self.ops if op.type in VARIABLE_OP_TYPES
+                    and self.collection_vars.get(op.name, (False, None))[0]):
+            shape = tf.TensorShape(var.get_attr("shape"))
+            dtype = tf.as_dtype(var.get_attr("dtype"))
+            rows = tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else shape
+            for op, pos in self._writers(var):
+                scope = _update_scope(op.name, var.name)
+                if (pos != 0 or not (scope or op.type not in _GENERIC_WRITERS)
+                        or (scope or op.name) in done):
+                    continue  # an initializer's or a user's assign, or seen
+                done.add(scope or op.name)
+                ops = set(self.by_prefix.with_prefix(scope)) if scope else {op}
+                entries = [t.op for o in ops for t in o.inputs if t.op not in ops]
+                feeding = self._fed_upstream(entries)
+                for p in feeding:
+                    if p.type not in ("Placeholder", "PlaceholderWithDefault"):
+                        continue
+                    t = p.outputs[0]
+                    if ((t.dtype == dtype and (t.shape.is_compatible_with(shape)
+                                               or t.shape.is_compatible_with(rows)))
+                            or (t.dtype.is_integer and t.shape.rank == 1)):
+                        found.add(p)
+        return found
+
+    def _fed_upstream(self, entries) -> Set[tf.Operation]:
+        """The ops upstream of an update's `entries`, not through variables (its slots, the
+        beta powers); empty as soon as one is a gradient of the run itself (or an
+        accumulator's read): then nothing of the update is fed."""
+        seen, stack = set(), list(entries)
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            if op in self.region:
+                return set()
+            seen.add(op)
+            if op.type not in VARIABLE_OP_TYPES:
+                stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+        return seen
 
     # -- graph helpers ---------------------------------------------------------------------
     def _descendants(self, roots: Iterable[tf.Operation]) -> Set[tf.Operation]:
@@ -368,9 +421,10 @@ class _Analyser:
             if accumulated:
                 raise NotYetSupportedError(
                     f"{accumulated}: tfpar distributes an update whose gradient comes from "
-                    "tf.gradients, in the step itself or accumulated over runs (a variable "
-                    "that is not trained, filled by assign_add of gradients); this one is "
-                    "neither, so each worker would apply its own value. Compute the "
+                    "tf.gradients, in the step itself, accumulated over runs (a variable "
+                    "that is not trained, filled by assign_add of gradients) or fed through "
+                    "placeholders; this one is none of these, so each worker would apply "
+                    "its own value. Compute the "
                     "gradient with tf.gradients (compute_gradients then apply_gradients, "
                     "or minimize())")
             raise TfparError(
