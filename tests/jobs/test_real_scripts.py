@@ -168,7 +168,7 @@ def test_a_checkpoint_folder_that_cannot_be_made_fails_before_training(tmp_path)
 
 # The real-script workers below run in one job (tests/support/workers/real_scripts.py),
 # each into its own folder, and their one-device references in one process.
-TOGETHER = ("word2vec", "accumulate", "fed_gradients", "bert_optimizer", "queues",
+TOGETHER = ("word2vec", "accumulate", "fed_gradients", "dtypes", "bert_optimizer", "queues",
             "loss_scale", "warm_start", "gan", "fine_tune", "late_ops")
 
 
@@ -222,6 +222,22 @@ def test_gradients_fed_through_placeholders_equal_single_device_in_every_mode(to
         single, ranks = assert_like_one_device(os.path.join(together("fed_gradients"), mode))
         assert int(single["final/global_step"]) == 3
         _moved(single, ranks[0], ("emb", "w1", "w2", "emb/Adam"), mode)
+
+
+def test_tables_of_two_dtypes_equal_single_device_in_every_mode_and_again(together):
+    """A float64 table beside a float32 one (cast up) and a float64 layer, Adam: every
+    worker ends where one device does, in HYBRID, PS, AR and sharded; rtol 1e-5, atol
+    1e-6 (bit for bit when measured). Then the model again in HYBRID in the same process,
+    all in float32: a second model of one script, with the first one's names, trains as
+    one device does. (Before, the sharded rows' lookups sent both
+    tables' rows back in one all-to-all, and the rewrite failed on their concatenation;
+    and a PS job's second runner met the first one's variables on the worker's TensorFlow
+    server, which keeps them by name: of another dtype, they failed to initialise.)"""
+    for mode in ("HYBRID", "PS", "AR", "SHARDED", "HYBRID_FLOAT32"):
+        single, ranks = assert_like_one_device(os.path.join(together("dtypes"), mode))
+        assert single["final/w"].dtype == (np.float32 if mode == "HYBRID_FLOAT32"
+                                           else np.float64)
+        _moved(single, ranks[0], ("wide", "narrow", "w", "wide/Adam"), mode)
 
 
 def test_berts_adam_weight_decay_equals_single_device_in_every_mode(together):

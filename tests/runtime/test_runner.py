@@ -320,6 +320,36 @@ def test_an_add_to_part_of_a_table_on_the_servers_is_refused_before_any_server_s
         assert not np.allclose(runner.run(emb)[1], before[1])
 
 
+def test_a_second_model_on_the_servers_has_variables_of_its_own():
+    """Two PS jobs' runners one after the other in one process (a script's second model,
+    or a sweep), the same variable names, the dense layer float64 then float32: each
+    trains as a plain session does. Their sessions run on the worker's TensorFlow server,
+    which keeps variables by name; before, the second runner met the first's `w` there
+    and failed to initialise it ("wrong dtype")."""
+    for dtype in (tf.float64, tf.float32):
+        g = tf.Graph()
+        with g.as_default():
+            tf1.set_random_seed(1)
+            emb = tf1.get_variable("emb", [6, 2], dtype=dtype)
+            w = tf1.get_variable("w", [2, 1], dtype=dtype)
+            loss = tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(emb, [1, 2, 2]), w) ** 2)
+            train = tf1.train.AdagradOptimizer(0.1).minimize(loss)
+        with tfpar.get_runner(g, config=tfpar.Config(sparse_route={"emb": "ps"})) as runner:
+            start = runner.run([emb, w])
+            for _ in range(3):
+                runner.run(train)
+            got = runner.run([emb, w])
+        with g.as_default(), tf1.Session(graph=g) as sess:
+            sess.run(tf1.global_variables_initializer())
+            emb.load(start[0], sess)
+            w.load(start[1], sess)
+            for _ in range(3):
+                sess.run(train)
+            for x, y in zip(got, sess.run([emb, w])):
+                assert x.dtype == dtype.as_numpy_dtype
+                np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
 _AFTER_A_STOP = r"""
 import tensorflow as tf
 tf1 = tf.compat.v1

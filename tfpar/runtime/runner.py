@@ -251,10 +251,14 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
     stage = live.stage if live is not None else (lambda text: None)
     try:
         stage("rewriting the graph")
+        generation = None
         if plan.num_ps:  # only PS jobs start servers: after the rewrite, which may refuse
             from tfpar.runtime import cluster as ps_cluster
+            generation = ps_cluster.next_generation()
         done = rewrite(rewritten, plan, rank,
-                       f"tfpar/r{ps_cluster.next_generation()}" if plan.num_ps else None)
+                       f"tfpar/r{generation}" if generation is not None else None)
+        release = (_own_container(rewritten, f"tfpar.r{generation}")
+                   if generation is not None else None)
         ps, tiled = done.ps, done.tiled
         init = job.init_op(rewritten)
         broadcast = job.broadcast_op(rewritten)
@@ -305,7 +309,27 @@ def _start(meta, plan: Plan, config: Config, layout, source: Optional[tf.Graph],
                   tiles=tiled.tiles if tiled is not None else None,
                   stages=done.stages.reads, stage_groups=done.stages.groups, ahead=done.ahead,
                   replaced=tiled.replaced if tiled is not None else None,
-                  known=frozenset(node.name for node in meta.graph_def.node))
+                  known=frozenset(node.name for node in meta.graph_def.node),
+                  release=release)
+
+
+def _own_container(graph: tf.Graph, container: str) -> tf.Operation:
+    """Puts this worker's variables of a PS job's graph in a container of this runner's;
+    returns the op that frees its resource variables (`Runner.close` runs it). Its session
+    runs on the worker's TensorFlow server, which keeps a variable by its name for the
+    life of the process, unlike a plain session: a later runner's variable of the same
+    name would be this one (a second model of one script, trained after the first), and
+    with another dtype fail to initialise. The parameter servers' parts are named per
+    runner already."""
+    handles = []
+    for op in graph.get_operations():
+        if op.type in ("VarHandleOp", "VariableV2") and not op.device.startswith("/job:ps"):
+            surgery.set_container(op, container)
+            if op.type == "VarHandleOp":
+                handles.append(op.outputs[0])
+    with graph.as_default(), tf.compat.v1.name_scope("tfpar/release/"):
+        return tf.group(*[tf.raw_ops.DestroyResourceOp(resource=h, ignore_lookup_error=True)
+                          for h in handles])
 
 
 def _tile_setters(plan: Plan, tiled, rank: int):
@@ -337,8 +361,9 @@ class Runner(surgery.session_base()):
                  source_graph: Optional[tf.Graph] = None, ps=None, trial: bool = False,
                  broadcast=None, entries=(), assigner=None, liveness=None, tiles=None,
                  stages=None, ahead=None, replaced=None, stage_groups=None,
-                 known: Optional[FrozenSet[str]] = None):
+                 known: Optional[FrozenSet[str]] = None, release=None):
         self._session = session
+        self._release = release  # frees this worker's variables on its server (PS jobs)
         self._liveness = liveness
         self._stages = dict(stages or {})  # stage -> its markers' values (see _where)
         self._stage_groups = dict(stage_groups or {})  # stage -> each marker's update group
@@ -888,6 +913,8 @@ class Runner(surgery.session_base()):
         if self._session is not None:
             try:
                 self._wait_for_writer()  # a background checkpoint write ends first
+                if self._release is not None:
+                    self._session.run(self._release)
             finally:
                 if self._liveness is not None:
                     self._liveness.set_probe(None)

@@ -645,7 +645,18 @@ class _Exchanges:
         """The rows asked of this worker, back to the askers, for several lookups in one
         all-to-all. items: [(rows [m, width] in the order the ids came, how many came
         from each worker, how many this worker asked of each)]. Returns the rows of each
-        item that came back, in the order this worker sent its ids."""
+        item that came back, in the order this worker sent its ids. Rows of several
+        dtypes (a float64 table beside a float32 one) go in one all-to-all per dtype."""
+        kinds: Dict[tf.DType, List[int]] = {}
+        for k, (rows, _, _) in enumerate(items):
+            kinds.setdefault(rows.dtype, []).append(k)
+        if len(kinds) > 1:
+            out: List[Optional[tf.Tensor]] = [None] * len(items)
+            for dtype, ks in kinds.items():  # in the items' order: alike on every worker
+                for k, back in zip(ks, self.rows_back([items[k] for k in ks],
+                                                      f"{name}_{dtype.name}")):
+                    out[k] = back
+            return out
         n = self.n
         widths = [int(rows.shape[1]) for rows, _, _ in items]
         pieces = [tf.split(rows, came, num=n) for rows, came, _ in items]

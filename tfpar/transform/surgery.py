@@ -81,6 +81,13 @@ def set_device(op: tf.Operation, device: str) -> None:
     op._set_device(device)  # pylint: disable=protected-access
 
 
+def set_container(op: tf.Operation, container: str) -> None:
+    """Puts the resource `op` makes (a variable) in `container` of its device."""
+    from tensorflow.core.framework import attr_value_pb2
+    op._set_attr("container", attr_value_pb2.AttrValue(  # pylint: disable=protected-access
+        s=container.encode()))
+
+
 def place_apart(op: tf.Operation, device: str) -> None:
     """Places an existing op on `device` and drops its colocation with other ops (TF1's
     cond colocates a variable's Switch with the variable, which may stay elsewhere)."""
