@@ -33,6 +33,10 @@ def test_shard_gives_disjoint_complete_slices(tmp_path):
     # The user's id and the variable's rows, not a part's local index (the PS has 2 parts).
     ("id_out_of_range", r"lookup in variable emb got ids\] \[107\] \[which are not in "
                         r"\[0, 100\)"),
+    # Sharded rows: the worker whose batch holds the id, not the owner of its rows (before:
+    # worker 0 failed with "indices[1] = 53 is not in [0, 50)", its own row numbers).
+    ("id_out_of_range_sharded", r"worker 1 \(host localhost, pid \d+\) failed: .*lookup in "
+                                r"variable emb got ids\] \[106\] \[which are not in \[0, 100\)"),
 ])
 def test_bad_input_in_a_job_fails_cleanly(tmp_path, case, message):
     script = tmp_path / f"bad_job_{case}_marker.py"

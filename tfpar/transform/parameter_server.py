@@ -35,6 +35,7 @@ from tfpar.errors import NotYetSupportedError, TfparError
 from tfpar.plan import PartPlan, Plan, VariablePlan
 from tfpar.transform import partial_writes, surgery
 from tfpar.graph.naming import scope_name
+from tfpar.transform.checked_ids import checked_ids
 from tfpar.transform.stages import Markers
 from tfpar.transform.traffic import Traffic, nbytes
 
@@ -427,7 +428,7 @@ class _Rewriter:
                 tf.control_dependencies(op.control_inputs):
             ids = op.inputs[1]
             uniq, idx = tf.unique(tf.reshape(ids, [-1]))
-            uniq = self._check_ids(v, uniq)
+            uniq = checked_ids(v.name, v.shape[0], uniq)
             ranges, placed = self._split(v, uniq)
             rows = []
             for var, part, (local_ids, _) in zip(self.parts[v.name], v.parts, ranges):
@@ -448,18 +449,6 @@ class _Rewriter:
         if not op.control_inputs:
             self.step_reads.append(out)
         return out
-
-    def _check_ids(self, v: VariablePlan, ids: tf.Tensor) -> tf.Tensor:
-        """`ids`, after a check that names the user's variable, ids and rows (a part's own
-        gather would report part-local indices)."""
-        rows = v.shape[0]
-        bad = tf.boolean_mask(ids, tf.logical_or(ids < 0, ids >= rows))
-        check = tf.debugging.Assert(
-            tf.equal(tf.size(bad), 0),
-            [f"tfpar: a lookup in variable {v.name} got ids", bad,
-             f"which are not in [0, {rows}) (its rows)"], summarize=20)
-        with tf.control_dependencies([check]):
-            return tf.identity(ids)
 
     def _split(self, v: VariablePlan, ids: tf.Tensor, values: Optional[tf.Tensor] = None):
         """Splits unique ids (and their values) by part: [(part-local ids, values)], positions."""

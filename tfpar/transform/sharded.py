@@ -49,6 +49,7 @@ from tfpar.graph.op_index import OpsByPrefix
 from tfpar.graph.row_reads import SEGMENT_READS, row_reads, training_ops, upstream
 from tfpar.plan import Plan, VariablePlan
 from tfpar.transform import collectives, packed, surgery
+from tfpar.transform.checked_ids import checked_ids
 from tfpar.transform.input_ahead import InputAhead
 from tfpar.transform.outside_uses import OutsideUses, initialisers
 from tfpar.transform.tiled import TILES, initial_value, new_tile
@@ -773,7 +774,9 @@ def _lookups(groups: List[List[_Lookup]], exchanges: "_Exchanges",
         with tf.compat.v1.name_scope(f"tfpar/sharded/{name}/"):
             asks, widths = [], {}
             for group in batch:
+                first = group[0].owner.v  # the group's variables are split alike
                 unique, where = tf.unique(tf.reshape(group[0].ids, [-1]))
+                unique = checked_ids(first.name, first.shape[0], unique)
                 sorted_ids, splits, order = _by_owner(unique, group[0].owner.owners)
                 asks.append((sorted_ids, splits, group[0].owner.owners, where, order))
 

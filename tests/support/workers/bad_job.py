@@ -33,13 +33,17 @@ elif case == "run_mode":
 elif case == "unresolvable_host":
     graph, _ = models.build()
     tfpar.get_runner(graph, "nosuchhost.invalid:2")
-elif case == "id_out_of_range":
+elif case in ("id_out_of_range", "id_out_of_range_sharded"):
     graph = tf.Graph()
     with graph.as_default():
         ids = tf.compat.v1.placeholder(tf.int32, [None])
         emb = tf.compat.v1.get_variable("emb", [100, 3], use_resource=True)
         loss = tf.reduce_sum(tf.nn.embedding_lookup(emb, ids))
         train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-    with tfpar.get_runner(graph, config=tfpar.Config(partitions=2)) as runner:
-        runner.run(train, {ids: [3, 107, 5]})
+    config = (tfpar.Config(partitions=2) if case == "id_out_of_range" else
+              tfpar.Config(sparse_route="sharded"))
+    with tfpar.get_runner(graph, config=config) as runner:
+        # Sharded: worker 1's id 106 has worker 0's rows (modulo 2): worker 1 is named
+        runner.run(train, {ids: [3, 107, 5] if case == "id_out_of_range" else
+                           [3, 106 if runner.worker_id == 1 else 4]})
 print("unexpected: no error")
