@@ -1,4 +1,10 @@
-"""The tfpar command, run as a user would: no cluster is started."""
+"""The tfpar command's `inspect` and `plan`: no cluster is started. They run in this
+process (`tfpar.cli.main`), not as `tfpar ...`: each command's process would spend 2-3 s
+importing TensorFlow. The console script itself runs as a user types it in the README's
+and the guide's commands (tests/jobs/test_readme_commands.py: docs/guide/cli.md and
+tiling.md)."""
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -6,17 +12,28 @@ import sys
 import tensorflow as tf
 
 from tests.support.launch import REPO
+from tfpar import cli
 from tfpar.plan import Plan
 
-TFPAR = os.path.join(os.path.dirname(sys.executable), "tfpar")
 MODEL = os.path.join(REPO, "examples", "mlp.py")
 
 
 def tfpar_cmd(*args):
-    # Test models import the repository's packages (tests, examples), as a job's do.
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([TFPAR, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=120, cwd=REPO, env=env)
+    """`tfpar ARGS` from the repository's root: (exit status, stdout, stderr) as a
+    CompletedProcess. The model file's folder, which the command puts on sys.path, is
+    taken off again."""
+    out, err, path, cwd = io.StringIO(), io.StringIO(), list(sys.path), os.getcwd()
+    try:
+        os.chdir(REPO)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args)) or 0
+            except SystemExit as e:  # argparse's errors
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+    return subprocess.CompletedProcess(["tfpar", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_inspect_prints_every_variable():
